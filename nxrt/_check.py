@@ -1,0 +1,99 @@
+"""The single place that unwraps ``(err, *values)`` tuples returned by cuda.bindings.
+
+Everything above this module sees plain values or :class:`~nxrt.errors.CudaError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuda.bindings import driver, nvrtc
+
+from .errors import CudaError
+
+__all__ = ["check", "check_nvrtc", "driver", "nvrtc", "load_driver", "driver_missing_reason"]
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+_NVRTC_SUCCESS = nvrtc.nvrtcResult.NVRTC_SUCCESS
+
+
+def _unwrap(values: tuple) -> Any:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return values
+
+
+def check(result: tuple, call: str) -> Any:
+    """Unwrap a driver result tuple; raise :class:`CudaError` on failure.
+
+    Returns ``None`` for calls with no outputs, the value for one output, else a tuple.
+    """
+    err = result[0]
+    if err != _SUCCESS:
+        raise _driver_error(err, call)
+    return _unwrap(result[1:])
+
+
+def _driver_error(err: Any, call: str) -> CudaError:
+    code = int(err)
+    name = getattr(err, "name", f"CUresult {code}")
+    detail = ""
+    try:
+        e2, text = driver.cuGetErrorString(err)
+        if e2 == _SUCCESS and text:
+            detail = text.decode() if isinstance(text, bytes) else str(text)
+    except Exception:  # pragma: no cover - the error string is a nicety
+        pass
+    return CudaError(code, name, call, detail)
+
+
+def check_nvrtc(result: tuple, call: str) -> Any:
+    """Unwrap an NVRTC result tuple; raise :class:`CudaError` on failure."""
+    err = result[0]
+    if err != _NVRTC_SUCCESS:
+        raise CudaError(int(err), getattr(err, "name", str(err)), call)
+    return _unwrap(result[1:])
+
+
+_driver_state: dict[str, Any] = {}
+
+
+def load_driver() -> None:
+    """``cuInit(0)`` once per process.
+
+    Raises
+    ------
+    CudaError
+        ``CUDA_ERROR_NO_DEVICE`` when there is no driver library or no device.
+    """
+    if _driver_state.get("ok"):
+        return
+    if "error" in _driver_state:
+        raise _driver_state["error"]
+    try:
+        result = driver.cuInit(0)
+    except Exception as exc:  # the driver library itself is absent (no GPU machine)
+        err = CudaError(int(driver.CUresult.CUDA_ERROR_NO_DEVICE), "CUDA_ERROR_NO_DEVICE",
+                        "cuInit(0)", f"no NVIDIA driver library could be loaded ({exc})")
+        _driver_state["error"] = err
+        raise err from None
+    try:
+        check(result, "cuInit(0)")
+    except CudaError as err:
+        _driver_state["error"] = err
+        raise
+    _driver_state["ok"] = True
+
+
+def driver_missing_reason() -> str | None:
+    """``None`` when a CUDA device is usable, else one sentence saying why not."""
+    try:
+        load_driver()
+        count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+    except CudaError as err:
+        return f"no usable CUDA device: {err}"
+    if count == 0:
+        return "no usable CUDA device: the driver reports 0 devices"
+    return None

@@ -1,0 +1,176 @@
+"""Modules, functions, argument packing and launch configurations.
+
+Kernel arguments: a Python ``int`` is a device pointer (8 bytes); scalars are numpy
+scalars (``np.int32(n)``, ``np.float32(x)``, ...), whose dtype fixes their size. The
+function's parameter layout is read from the CUBIN once (``cuFuncGetParamInfo``), so a
+wrong argument count or size is a ``TypeError`` before anything is launched.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._check import check, driver
+
+__all__ = ["Function", "LaunchConfig", "reduction_launch_config", "dim3",
+           "i32", "u32", "i64", "u64", "f32", "f64"]
+
+# Explicit scalar tags: aliases of the numpy scalar types they produce.
+i32, u32, i64, u64, f32, f64 = np.int32, np.uint32, np.int64, np.uint64, np.float32, np.float64
+
+_CODES: dict[type, str] = {
+    np.int8: "b", np.uint8: "B", np.int16: "h", np.uint16: "H", np.int32: "i", np.uint32: "I",
+    np.int64: "q", np.uint64: "Q", np.float32: "f", np.float64: "d", np.bool_: "?",
+}
+_MAX_DEFAULT_SHMEM = 48 * 1024
+_SHMEM_ATTR = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+def dim3(v: int | Sequence[int], what: str) -> tuple[int, int, int]:
+    """Normalise a grid/block spec to three positive ints."""
+    t = (v,) if isinstance(v, (int, np.integer)) else tuple(v)
+    if not 1 <= len(t) <= 3:
+        raise ValueError(f"{what} must be an int or 1-3 ints, got {v!r}")
+    t = tuple(int(x) for x in t) + (1,) * (3 - len(t))
+    if any(x < 1 for x in t):
+        raise ValueError(f"{what} dimensions must be >= 1, got {v!r}")
+    return t  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Grid, block and dynamic shared memory of one launch."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int = 0
+
+
+def reduction_launch_config(n_rows: int, row_len: int, *, max_block: int = 1024,
+                            shared_bytes_per_thread: int = 4, warp: int = 32) -> LaunchConfig:
+    """One block per row, ``block`` threads (a warp multiple up to ``max_block``) per row.
+
+    The block is the smallest warp multiple covering the row, capped at ``max_block``;
+    each thread gets ``shared_bytes_per_thread`` of dynamic shared memory for the
+    cross-warp reduction.
+    """
+    if n_rows < 1 or row_len < 1:
+        raise ValueError(f"reduction needs n_rows >= 1 and row_len >= 1, got {n_rows}, {row_len}")
+    if n_rows > 2**31 - 1:
+        raise ValueError(f"n_rows {n_rows} exceeds the grid limit 2**31-1")
+    block = min(max_block, max(warp, -(-row_len // warp) * warp))
+    return LaunchConfig((int(n_rows), 1, 1), (block, 1, 1), block * shared_bytes_per_thread)
+
+
+class _Packer:
+    """Packs one argument signature into a reusable buffer + pointer array (per thread)."""
+
+    __slots__ = ("struct", "buf", "ptrs", "addr")
+
+    def __init__(self, fmt: str, offsets: Sequence[int], size: int) -> None:
+        self.struct = struct.Struct(fmt)
+        self.buf = ctypes.create_string_buffer(max(size, 1))
+        base = ctypes.addressof(self.buf)
+        self.ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
+        self.addr = ctypes.addressof(self.ptrs)
+
+
+class Function:
+    """A kernel entry point loaded in one runtime's context."""
+
+    def __init__(self, handle: Any, name: str, module_name: str, max_optin_shared: int) -> None:
+        self.handle = handle
+        self.name = name
+        self.module_name = module_name
+        self._max_optin = max_optin_shared
+        self._shmem_limit = _MAX_DEFAULT_SHMEM
+        self._params: tuple[tuple[int, int], ...] | None = None
+        self._tls = threading.local()
+
+    def __repr__(self) -> str:
+        return f"Function({self.module_name}::{self.name})"
+
+    @property
+    def params(self) -> tuple[tuple[int, int], ...]:
+        """(offset, size) of every kernel parameter, from the CUBIN."""
+        if self._params is None:
+            out = []
+            while True:
+                res = driver.cuFuncGetParamInfo(self.handle, len(out))
+                if res[0] != driver.CUresult.CUDA_SUCCESS:
+                    break
+                out.append((int(res[1]), int(res[2])))
+            self._params = tuple(out)
+        return self._params
+
+    def attribute(self, attr: Any) -> int:
+        return check(driver.cuFuncGetAttribute(attr, self.handle), f"cuFuncGetAttribute({attr.name})")
+
+    @property
+    def num_regs(self) -> int:
+        return self.attribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS)
+
+    def ensure_shared(self, nbytes: int) -> None:
+        """Raise the function's dynamic shared memory limit (once per new high-water mark)."""
+        if nbytes <= self._shmem_limit:
+            return
+        if nbytes > self._max_optin:
+            raise ValueError(
+                f"{self}: {nbytes} bytes of dynamic shared memory requested; the device allows "
+                f"at most {self._max_optin} per block. Use smaller tiles or fewer stages.")
+        check(driver.cuFuncSetAttribute(self.handle, _SHMEM_ATTR, nbytes),
+              f"cuFuncSetAttribute({self.name}, MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes})")
+        self._shmem_limit = nbytes
+
+    def pack(self, args: Sequence[Any]) -> int:
+        """Pack ``args`` and return the address of the ``void*[]`` that cuLaunchKernel reads.
+
+        The buffer is reused per thread and signature; the driver copies the parameters
+        during the launch call, so reuse on the next launch is safe.
+        """
+        key = tuple(map(type, args))
+        cache = getattr(self._tls, "packers", None)
+        if cache is None:
+            cache = self._tls.packers = {}
+        packer = cache.get(key)
+        if packer is None:
+            packer = cache[key] = self._make_packer(args)
+        packer.struct.pack_into(packer.buf, 0, *args)
+        return packer.addr
+
+    def _make_packer(self, args: Sequence[Any]) -> _Packer:
+        params = self.params
+        if len(args) != len(params):
+            raise TypeError(f"{self} takes {len(params)} arguments, got {len(args)}")
+        fmt, pos = "<", 0
+        offsets = []
+        for i, (arg, (off, size)) in enumerate(zip(args, params)):
+            if isinstance(arg, bool):
+                raise TypeError(f"{self} argument {i}: pass np.bool_ or an int scalar, not bool")
+            if isinstance(arg, (int, np.integer)) and not isinstance(arg, np.generic):
+                code = "Q"  # plain int: a device pointer
+            elif isinstance(arg, np.generic) and type(arg) in _CODES:
+                code = _CODES[type(arg)]
+            else:
+                raise TypeError(f"{self} argument {i}: {type(arg).__name__} is not a kernel "
+                                "argument; pass device pointers as int and scalars as numpy "
+                                "scalars (np.int32, np.float32, ...)")
+            asize = struct.calcsize("<" + code)
+            if asize != size:
+                hint = " (a plain int is an 8-byte pointer; wrap scalars, e.g. np.int32(n))" \
+                    if code == "Q" else ""
+                raise TypeError(f"{self} argument {i}: parameter is {size} bytes, got a "
+                                f"{asize}-byte {type(arg).__name__}{hint}")
+            if off > pos:
+                fmt += f"{off - pos}x"
+            fmt += code
+            pos = off + size
+            offsets.append(off)
+        return _Packer(fmt, offsets, pos)
