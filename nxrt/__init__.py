@@ -28,12 +28,13 @@ from .graph import Graph
 from .launch import Function, LaunchConfig, reduction_launch_config
 from .memory import MemoryStats
 from .runtime import CudaRuntime
+from .tensors import DeviceArray
 
 __version__ = "0.1.0"
 
 __all__ = [
     "CaptureError", "CaptureSupport", "Capabilities", "CompileCache", "CompileError",
-    "CudaError", "CudaRuntime", "DataType", "Function", "Graph", "Kernel", "KernelError",
+    "CudaError", "CudaRuntime", "DataType", "DeviceArray", "Function", "Graph", "Kernel", "KernelError",
     "KernelFactory", "LaunchConfig", "MemoryStats", "Node", "NxrtError", "TensorMetadata",
     "TensorMut", "TensorView", "Unsupported", "WorkspaceError", "WorkspaceLifetime",
     "WorkspaceRequirement", "WorkspaceView", "default_cache", "device_count",
