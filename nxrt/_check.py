@@ -11,7 +11,8 @@ from cuda.bindings import driver, nvrtc
 
 from .errors import CudaError
 
-__all__ = ["check", "check_nvrtc", "driver", "nvrtc", "load_driver", "driver_missing_reason"]
+__all__ = ["check", "check_nvrtc", "driver", "nvrtc", "load_driver", "driver_missing_reason",
+           "fast_driver", "FastDriver"]
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NVRTC_SUCCESS = nvrtc.nvrtcResult.NVRTC_SUCCESS
@@ -97,3 +98,52 @@ def driver_missing_reason() -> str | None:
     if count == 0:
         return "no usable CUDA device: the driver reports 0 devices"
     return None
+
+
+class FastDriver:
+    """ctypes entry points of libcuda for the launch hot path.
+
+    The Python-level ``cuda.bindings.driver.cuLaunchKernel`` costs several microseconds of
+    argument conversion per call; the same symbol through ctypes with pre-converted integer
+    handles costs about one. This class is the only other place a ``CUresult`` is
+    compared, and it turns failures into :class:`CudaError` exactly like :func:`check`.
+    """
+
+    def __init__(self) -> None:
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        vp, u = ctypes.c_void_p, ctypes.c_uint
+        self._launch = lib.cuLaunchKernel
+        self._launch.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
+        self._launch.restype = ctypes.c_int
+        self._get_ctx = lib.cuCtxGetCurrent
+        self._get_ctx.argtypes = [ctypes.POINTER(vp)]
+        self._get_ctx.restype = ctypes.c_int
+        self._ctx_out = vp()
+        self._ctx_ref = ctypes.byref(self._ctx_out)
+
+    def current_context(self) -> int:
+        """The calling thread's current context as an int (0 when none)."""
+        err = self._get_ctx(self._ctx_ref)
+        if err:
+            raise _driver_error(driver.CUresult(err), "cuCtxGetCurrent")
+        return self._ctx_out.value or 0
+
+    def launch(self, fn: int, grid: tuple, block: tuple, shared: int, stream: int, params: int,
+               what: Any) -> None:
+        err = self._launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared,
+                           stream, params, None)
+        if err:
+            raise _driver_error(driver.CUresult(err), what() if callable(what) else str(what))
+
+
+_fast: list[FastDriver] = []
+
+
+def fast_driver() -> FastDriver:
+    """The process's :class:`FastDriver` (after :func:`load_driver`)."""
+    if not _fast:
+        load_driver()
+        _fast.append(FastDriver())
+    return _fast[0]

@@ -87,6 +87,7 @@ class Function:
 
     def __init__(self, handle: Any, name: str, module_name: str, max_optin_shared: int) -> None:
         self.handle = handle
+        self.handle_int = int(handle)
         self.name = name
         self.module_name = module_name
         self._max_optin = max_optin_shared

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from . import compiler, memory
-from ._check import check, driver
+from ._check import check, driver, fast_driver
 from .cache import CompileCache, default_cache
 from .device import Capabilities, Device
 from .errors import CaptureError
@@ -59,6 +59,7 @@ class CudaRuntime:
         self.device = Device(device)
         self.capabilities: Capabilities = self.device.capabilities
         self.cache = cache if cache is not None else default_cache()
+        self._fast = fast_driver()
         self.arch, self.arch_exact = compiler.target_arch(self.capabilities.arch)
         flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
         self.stream = Stream(check(driver.cuStreamCreate(flags), "cuStreamCreate"))
@@ -237,18 +238,26 @@ class CudaRuntime:
 
         ``args``: device pointers as ``int``, scalars as numpy scalars. Dynamic shared memory
         above 48 KiB raises the function's limit once.
+
+        Raises
+        ------
+        TypeError
+            An argument's kind or size does not match the kernel's parameter (nothing launched).
+        ValueError
+            A bad grid/block, or more shared memory than the device allows.
+        CudaError
+            The driver refused the launch.
         """
-        gx, gy, gz = dim3(grid, "grid") if not isinstance(grid, tuple) or len(grid) != 3 else grid
-        bx, by, bz = dim3(block, "block") if not isinstance(block, tuple) or len(block) != 3 else block
+        g = grid if type(grid) is tuple and len(grid) == 3 else dim3(grid, "grid")
+        b = block if type(block) is tuple and len(block) == 3 else dim3(block, "block")
         if shared_mem > 49152:
             fn.ensure_shared(shared_mem)
-        params = fn.pack(args)
-        self.device.make_current()
-        err = driver.cuLaunchKernel(fn.handle, gx, gy, gz, bx, by, bz, shared_mem,
-                                    self.stream.handle, params, 0)
-        if err[0] != driver.CUresult.CUDA_SUCCESS:
-            check(err, f"cuLaunchKernel({fn.name}, grid={(gx, gy, gz)}, block={(bx, by, bz)}, "
-                       f"shared_mem={shared_mem})")
+        params = fn.pack(args) if args else None
+        dev = self.device
+        if self._fast.current_context() != dev._ctx_int:
+            dev.make_current()
+        self._fast.launch(fn.handle_int, g, b, shared_mem, self.stream.ptr, params,
+                          lambda: f"cuLaunchKernel({fn.name}, grid={g}, block={b}, shared_mem={shared_mem})")
         self.launch_count += 1
 
     # -- graphs -------------------------------------------------------------------------
