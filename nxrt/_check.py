@@ -5,6 +5,7 @@ Everything above this module sees plain values or :class:`~nxrt.errors.CudaError
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from cuda.bindings import driver, nvrtc
@@ -120,15 +121,21 @@ class FastDriver:
         self._get_ctx = lib.cuCtxGetCurrent
         self._get_ctx.argtypes = [ctypes.POINTER(vp)]
         self._get_ctx.restype = ctypes.c_int
-        self._ctx_out = vp()
-        self._ctx_ref = ctypes.byref(self._ctx_out)
+        self._vp = vp
+        self._byref = ctypes.byref
+        self._tls = threading.local()
 
     def current_context(self) -> int:
         """The calling thread's current context as an int (0 when none)."""
-        err = self._get_ctx(self._ctx_ref)
+        tls = self._tls
+        out = getattr(tls, "out", None)
+        if out is None:  # one output word per thread: contexts are per-thread state
+            out = tls.out = self._vp()
+            tls.ref = self._byref(out)
+        err = self._get_ctx(tls.ref)
         if err:
             raise _driver_error(driver.CUresult(err), "cuCtxGetCurrent")
-        return self._ctx_out.value or 0
+        return out.value or 0
 
     def launch(self, fn: int, grid: tuple, block: tuple, shared: int, stream: int, params: int,
                what: Any) -> None:

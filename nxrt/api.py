@@ -202,6 +202,8 @@ class TensorView:
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", DataType(self.dtype))
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"negative dimension in shape {self.shape}")
         if self.strides is not None:
             object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
             if len(self.strides) != len(self.shape):
@@ -328,8 +330,8 @@ class CaptureSupport:
 class Kernel(Protocol):
     """One created kernel (bound to a runtime and a node)."""
 
-    def workspace_requirement(self, inputs: Sequence[TensorMetadata]) -> WorkspaceRequirement:
-        """Pure: allocates nothing and changes no state."""
+    def workspace_requirement(self, inputs: Sequence[TensorMetadata | None]) -> WorkspaceRequirement:
+        """Pure: allocates nothing and changes no state. ``None`` marks an absent input."""
         ...
 
     def execute(self, inputs: Sequence[TensorView], outputs: Sequence[TensorMut],

@@ -142,14 +142,14 @@ def _decode(data: bytes, key: str | None) -> tuple[dict, Compiled] | None:
         clen, plen = int(meta["cubin_len"]), int(meta["ptx_len"])
         if meta.get("format") != FORMAT_VERSION or (key is not None and meta.get("key") != key):
             return None
-    except (ValueError, KeyError, TypeError):
+        if clen < 0 or plen < 0 or head + mlen + clen + plen != len(body):
+            return None
+        start = head + mlen
+        compiled = Compiled(cubin=body[start:start + clen], ptx=body[start + clen:start + clen + plen],
+                            arch=str(meta.get("arch", "")), log="",
+                            seconds=float(meta.get("compile_seconds", 0.0)))
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
         return None
-    if head + mlen + clen + plen != len(body):
-        return None
-    start = head + mlen
-    compiled = Compiled(cubin=body[start:start + clen], ptx=body[start + clen:start + clen + plen],
-                        arch=str(meta.get("arch", "")), log="",
-                        seconds=float(meta.get("compile_seconds", 0.0)))
     return meta, compiled
 
 
@@ -252,15 +252,14 @@ class CompileCache:
                     pass
 
     def _files(self) -> Iterator[Path]:
+        """Published entries (in-flight ``.tmp-`` files of concurrent writers are not entries)."""
         if self.root.is_dir():
-            yield from sorted(self.root.glob(f"*/*{_SUFFIX}"))
+            yield from sorted(p for p in self.root.glob(f"*/*{_SUFFIX}") if not p.name.startswith(".tmp-"))
 
     def entries(self) -> list[CacheEntry]:
         """Valid entries on disk (invalid ones are skipped; see :meth:`verify`)."""
         out = []
         for p in self._files():
-            if p.name.startswith(".tmp-"):
-                continue
             try:
                 data = p.read_bytes()
             except OSError:
@@ -291,7 +290,13 @@ class CompileCache:
         return good, bad
 
     def size_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self._files())
+        total = 0
+        for p in self._files():
+            try:
+                total += p.stat().st_size
+            except OSError:  # removed by another process meanwhile
+                pass
+        return total
 
     def clear(self) -> int:
         """Remove every entry (disk and memory); returns the number of files removed."""

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
 from . import __version__, compiler
@@ -121,14 +123,21 @@ def _variants() -> list[tuple[str, Any]]:
     return out
 
 
+def _warm_one(file: str, module: str, target: str, options: tuple[str, ...]) -> tuple[float, bool]:
+    """One variant into the disk cache (runs in a worker process): (seconds, compiled?)."""
+    from nxrt_kernels import _common
+
+    cache = default_cache()
+    t = time.perf_counter()
+    cache.get(_common.source(file), module + ".cu", target, options, _common.headers())
+    return time.perf_counter() - t, cache.stats.compiles > 0
+
+
 def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int, int, list[str]]:
     """Compile every registered kernel variant for ``archs`` into the cache.
 
     Returns (compiled or found, skipped, error messages).
     """
-    from nxrt_kernels import _common
-
-    cache = default_cache()
     work = []
     for arch in archs:
         num, _suffix = compiler.parse_arch(arch)
@@ -139,19 +148,21 @@ def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int,
             work.append((op, v, target))
     done, errors, t0 = 0, [], time.perf_counter()
     total = len(work)
-
-    def one(item):
-        op, v, target = item
-        t = time.perf_counter()
-        cache.get(_common.source(v.file), v.module + ".cu", target, v.options, _common.headers())
-        return item, time.perf_counter() - t
-
-    with ThreadPoolExecutor(max_workers=jobs or None) as pool:
-        futures = [pool.submit(one, w) for w in work]
+    compiled = hits = 0
+    # NVRTC does not run in parallel inside one process: compile in worker processes that
+    # share the disk cache (its writes are atomic), then count what each did.
+    ctx = multiprocessing.get_context("spawn")
+    workers = max(1, min(jobs or os.cpu_count() or 1, total or 1))
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = {pool.submit(_warm_one, v.file, v.module, target, v.options): (op, v, target)
+                   for op, v, target in work}
         for fut in as_completed(futures):
+            op, v, target = futures[fut]
             done += 1
             try:
-                (op, v, target), secs = fut.result()
+                secs, did_compile = fut.result()
+                compiled += did_compile
+                hits += not did_compile
                 msg = f"{v.file} {target} {' '.join(v.options)} ({secs:.1f} s)"
             except CompileError as exc:
                 errors.append(exc.dump())
@@ -161,7 +172,7 @@ def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int,
                 print(f"\r[{bar:<30}] {done}/{total} {msg[:90]:<90}", end="", file=sys.stderr, flush=True)
     if not quiet:
         print(f"\nwarm: {total} variants for {', '.join(archs)} in {time.perf_counter() - t0:.1f} s; "
-              f"{cache.stats.compiles} compiled, {cache.stats.hits} already cached, "
+              f"{compiled} compiled, {hits} already cached, "
               f"{len(errors)} failed", file=sys.stderr)
     return done - len(errors), 0, errors
 

@@ -45,7 +45,7 @@ HEADER_PACKAGES: dict[str, str] = {
 }
 
 _INCLUDE_RE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*[<"]([^>"]+)[>"]', re.MULTILINE)
-_MISSING_RE = re.compile(r'cannot open source file "([^"]+)"')
+_MISSING_RE = re.compile(r'(?:cannot|could not) open source file "([^"]+)"')
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,8 @@ def resolve_includes(source: str, headers: Mapping[str, str],
     """
     dirs = include_dirs() if dirs is None else tuple(dirs)
     mem = {k: v.encode() if isinstance(v, str) else v for k, v in headers.items()}
-    seen: dict[str, bytes] = {}
+    seen: dict[tuple[str, bytes], bytes] = {}
+    done: set[str] = set()
     stack: list[tuple[bytes, str | None]] = [(source.encode(), None)]
     while stack:
         text, base = stack.pop()
@@ -152,15 +153,20 @@ def resolve_includes(source: str, headers: Mapping[str, str],
                 path = _find_in_dirs(name, base, dirs)
                 if path is None:
                     continue
+                real = os.path.realpath(path)
+                if real in done:
+                    continue
+                done.add(real)
                 st = os.stat(path)
-                key, content, nbase = "file:" + os.path.realpath(path), None, os.path.dirname(path)
-                if key not in seen:
-                    content = _read_file(path, st.st_mtime_ns, st.st_size)
-            if key in seen:
+                # Keyed by the include name, not the absolute path, so that a cache warmed on
+                # a builder with the same header contents at another path still hits.
+                key, nbase = "file:" + name, os.path.dirname(path)
+                content = _read_file(path, st.st_mtime_ns, st.st_size)
+            if (key, content) in seen:
                 continue
-            seen[key] = content
+            seen[(key, content)] = content
             stack.append((content, nbase))
-    return sorted(seen.items())
+    return sorted((k, c) for (k, _), c in seen.items())
 
 
 def _program_log(prog) -> str:
@@ -170,10 +176,20 @@ def _program_log(prog) -> str:
     return buf.rstrip(b"\0").decode(errors="replace")
 
 
+def check_options(options: Sequence[str]) -> tuple[str, ...]:
+    """Options must be single tokens (``-DNAME=1``, not ``-D``, ``NAME=1``): they are sorted."""
+    out = tuple(str(o) for o in options)
+    for o in out:
+        if o in ("-D", "-U", "-I", "-include", "--define-macro", "--include-path") or not o.startswith("-"):
+            raise ValueError(f"NVRTC option {o!r} must be one token with its value, e.g. '-DNAME=1': "
+                             "options are sorted for the cache key, so split options would come apart")
+    return out
+
+
 def full_options(options: Sequence[str], arch: str) -> list[str]:
     """The options NVRTC actually gets: C++17, the target, the user's (sorted), includes."""
     opts = ["-std=c++17", f"-arch={arch}"]
-    opts += sorted(str(o) for o in options)
+    opts += sorted(check_options(options))
     opts += [f"-I{d}" for d in include_dirs()]
     return opts
 

@@ -99,7 +99,7 @@ class Executor:
         self._free_arenas()
         for step in self.steps:
             ins, _ = self._views(step)
-            req = step.kernel.workspace_requirement([t.meta for t in ins])
+            req = step.kernel.workspace_requirement([None if t.absent else t.meta for t in ins])
             if req.nbytes:
                 # Over-allocate by the alignment so the arena can be aligned inside it.
                 raw = self.rt.alloc_raw(req.nbytes + req.alignment)

@@ -66,6 +66,8 @@ class Graph:
     def replay(self) -> None:
         """Launch the graph on the runtime's stream (asynchronous)."""
         self._require()
+        if self._rt._closed:
+            raise ValueError("replay(): the graph's CudaRuntime is closed")
         self._rt.device.make_current()
         check(driver.cuGraphLaunch(self._exec, self._rt.stream.handle), "cuGraphLaunch")
         self.replays += 1
@@ -79,12 +81,20 @@ class Graph:
         self._require()
         other._require()
         self._rt.device.make_current()
-        res = driver.cuGraphExecUpdate(self._exec, other._graph)
-        if res[0] == driver.CUresult.CUDA_SUCCESS:
-            return True
-        # Topology or node kinds differ: rebuild from a clone of the other graph.
         clone = check(driver.cuGraphClone(other._graph), "cuGraphClone")
-        new_exec = _instantiate(clone)
+        res = driver.cuGraphExecUpdate(self._exec, clone)
+        if res[0] == driver.CUresult.CUDA_SUCCESS:
+            # Keep the graph the instance now matches, so a later update *from* this graph
+            # hands on the new parameters.
+            check(driver.cuGraphDestroy(self._graph), "cuGraphDestroy")
+            self._graph = clone
+            return True
+        # Topology or node kinds differ: instantiate the clone instead.
+        try:
+            new_exec = _instantiate(clone)
+        except CudaError:
+            check(driver.cuGraphDestroy(clone), "cuGraphDestroy")
+            raise
         check(driver.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
         check(driver.cuGraphDestroy(self._graph), "cuGraphDestroy")
         self._graph, self._exec = clone, new_exec

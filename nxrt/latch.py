@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .runtime import CudaRuntime
 
 __all__ = ["Latch", "WELL_KNOWN_BITS", "INDEX_SHARE_SELECTED_INDICES",
-           "PAGED_SLOT_OUT_OF_RANGE", "PAGED_BLOCK_OUT_OF_RANGE"]
+           "PAGED_SLOT_OUT_OF_RANGE", "PAGED_BLOCK_OUT_OF_RANGE", "PAGED_POSITION_OUT_OF_RANGE"]
 
 #: IndexShare: a ``selected_indices`` row broke the index rules (reference design: 512).
 INDEX_SHARE_SELECTED_INDICES = 512
@@ -25,11 +25,14 @@ INDEX_SHARE_SELECTED_INDICES = 512
 PAGED_SLOT_OUT_OF_RANGE = 1024
 #: PagedAttention: a ``block_table`` entry points outside the key cache.
 PAGED_BLOCK_OUT_OF_RANGE = 2048
+#: PagedAttention: a RoPE position falls outside ``cos_cache``/``sin_cache``.
+PAGED_POSITION_OUT_OF_RANGE = 4096
 
 WELL_KNOWN_BITS: dict[int, str] = {
     INDEX_SHARE_SELECTED_INDICES: "IndexShare selected_indices invalid",
     PAGED_SLOT_OUT_OF_RANGE: "PagedAttention slot_mapping out of range",
     PAGED_BLOCK_OUT_OF_RANGE: "PagedAttention block_table out of range",
+    PAGED_POSITION_OUT_OF_RANGE: "PagedAttention position outside cos/sin cache",
 }
 
 
@@ -51,7 +54,7 @@ class Latch:
         Registering the same name again is a no-op; another name on a taken bit is a
         ``ValueError``.
         """
-        if not isinstance(bit, int) or bit <= 0 or bit & (bit - 1) or bit >= 2**32:
+        if not isinstance(bit, int) or isinstance(bit, bool) or bit <= 0 or bit & (bit - 1) or bit >= 2**32:
             raise ValueError(f"a latch bit is a power of two below 2**32, got {bit!r}")
         have = self._names.get(bit)
         if have is not None and have != name:

@@ -34,13 +34,24 @@ _SHMEM_ATTR = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_S
 
 
 def dim3(v: int | Sequence[int], what: str) -> tuple[int, int, int]:
-    """Normalise a grid/block spec to three positive ints."""
+    """Normalise a grid/block spec to three positive ints within CUDA's limits.
+
+    Raises
+    ------
+    ValueError
+        Not 1-3 integers, a dimension below 1, or above the hardware limit.
+    """
     t = (v,) if isinstance(v, (int, np.integer)) else tuple(v)
-    if not 1 <= len(t) <= 3:
+    if not 1 <= len(t) <= 3 or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                                       for x in t):
         raise ValueError(f"{what} must be an int or 1-3 ints, got {v!r}")
     t = tuple(int(x) for x in t) + (1,) * (3 - len(t))
     if any(x < 1 for x in t):
         raise ValueError(f"{what} dimensions must be >= 1, got {v!r}")
+    limits = (2**31 - 1, 65535, 65535) if what == "grid" else (1024, 1024, 64)
+    if any(x > lim for x, lim in zip(t, limits)) or (what == "block" and t[0] * t[1] * t[2] > 1024):
+        rule = "x <= 2**31-1, y, z <= 65535" if what == "grid" else "x, y <= 1024, z <= 64, <= 1024 threads"
+        raise ValueError(f"{what} {t} exceeds CUDA's limits ({rule})")
     return t  # type: ignore[return-value]
 
 
@@ -136,7 +147,7 @@ class Function:
         The buffer is reused per thread and signature; the driver copies the parameters
         during the launch call, so reuse on the next launch is safe.
         """
-        key = tuple(map(type, args))
+        key = tuple(map(type, args)) if args else ()
         cache = getattr(self._tls, "packers", None)
         if cache is None:
             cache = self._tls.packers = {}

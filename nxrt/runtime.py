@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -14,7 +15,7 @@ from . import compiler, memory
 from ._check import check, driver, fast_driver
 from .cache import CompileCache, default_cache
 from .device import Capabilities, Device
-from .errors import CaptureError
+from .errors import CaptureError, CudaError
 from .graph import CAPTURE_MODES, Graph
 from .latch import Latch
 from .launch import Function, dim3
@@ -66,6 +67,7 @@ class CudaRuntime:
         self._ledger = Ledger()
         self._modules: dict[tuple, Any] = {}
         self._functions: dict[tuple, Function] = {}
+        self._by_module: dict[tuple, Function] = {}
         self._fn_lock = threading.Lock()
         self._capture_graph: Graph | None = None
         self.launch_count = 0
@@ -97,6 +99,7 @@ class CudaRuntime:
             check(driver.cuModuleUnload(mod), "cuModuleUnload")
         self._modules.clear()
         self._functions.clear()
+        self._by_module.clear()
         check(driver.cuStreamDestroy(self.stream.handle), "cuStreamDestroy")
         self._closed = True
         self.device.release()
@@ -226,9 +229,14 @@ class CudaRuntime:
                 image = compiled.cubin if exact and compiled.cubin else compiled.ptx
                 mod = check(driver.cuModuleLoadData(image), f"cuModuleLoadData({module})")
                 self._modules[mkey] = mod
-            handle = check(driver.cuModuleGetFunction(mod, entry.encode()),
-                           f"cuModuleGetFunction({module}, {entry})")
-            fn = Function(handle, entry, module, self.capabilities.max_shared_per_block_optin)
+            # One Function per loaded entry, however it was asked for, so per-function state
+            # (the opted-in shared memory limit, the parameter layout) is never split.
+            fn = self._by_module.get((mkey, entry))
+            if fn is None:
+                handle = check(driver.cuModuleGetFunction(mod, entry.encode()),
+                               f"cuModuleGetFunction({module}, {entry})")
+                fn = Function(handle, entry, module, self.capabilities.max_shared_per_block_optin)
+                self._by_module[(mkey, entry)] = fn
             self._functions[key] = fn
             return fn
 
@@ -248,16 +256,25 @@ class CudaRuntime:
         CudaError
             The driver refused the launch.
         """
+        if self._closed:
+            raise ValueError("launch(): this CudaRuntime is closed")
+        dev = self.device
+        if self._fast.current_context() != dev._ctx_int:
+            dev.make_current()
         g = grid if type(grid) is tuple and len(grid) == 3 else dim3(grid, "grid")
         b = block if type(block) is tuple and len(block) == 3 else dim3(block, "block")
         if shared_mem > 49152:
             fn.ensure_shared(shared_mem)
-        params = fn.pack(args) if args else None
-        dev = self.device
-        if self._fast.current_context() != dev._ctx_int:
-            dev.make_current()
-        self._fast.launch(fn.handle_int, g, b, shared_mem, self.stream.ptr, params,
-                          lambda: f"cuLaunchKernel({fn.name}, grid={g}, block={b}, shared_mem={shared_mem})")
+        params = fn.pack(args)
+        try:
+            self._fast.launch(fn.handle_int, g, b, shared_mem, self.stream.ptr, params,
+                              lambda: f"cuLaunchKernel({fn.name}, grid={g}, block={b}, "
+                                      f"shared_mem={shared_mem})")
+        except (ctypes.ArgumentError, CudaError):
+            # The 3-tuple fast path skipped validation: say what was wrong with it.
+            dim3(g, "grid")
+            dim3(b, "block")
+            raise
         self.launch_count += 1
 
     # -- graphs -------------------------------------------------------------------------

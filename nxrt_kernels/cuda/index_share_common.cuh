@@ -1,0 +1,181 @@
+// IndexShare helpers shared by index_share_aux.cu, index_share_attn.cu, index_share_mma.cu.
+//
+// IS_DTYPE selects the storage type of query/key/value/bias/output: 0 float, 1 __half,
+// 2 __nv_bfloat16. All math is fp32. Building with -DNXRT_EMU swaps the CUDA headers for
+// index_share_emu.cuh, a host emulation used only by the CPU tests.
+#pragma once
+
+#ifdef NXRT_EMU
+#include "index_share_emu.cuh"
+#else
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#endif
+
+#ifndef IS_DTYPE
+#define IS_DTYPE 0
+#endif
+
+#if IS_DTYPE == 0
+typedef float is_t;
+#elif IS_DTYPE == 1
+typedef __half is_t;
+#else
+typedef __nv_bfloat16 is_t;
+#endif
+
+#define IS_FULL 0xffffffffu
+#define IS_LOG2E 1.4426950408889634f
+#define IS_LATCH_BIT 512u  // nxrt.latch.INDEX_SHARE_SELECTED_INDICES
+
+__device__ __forceinline__ float is_neg_inf() { return __int_as_float(0xff800000); }
+
+__device__ __forceinline__ float is_to_f32(float x) { return x; }
+__device__ __forceinline__ float is_to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float is_to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+__device__ __forceinline__ void is_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void is_store(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void is_store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// The low 16 bits of a packed pair are element 0 (the lower column), as mma expects.
+__device__ __forceinline__ float is_lo(unsigned w, float*) { return __uint_as_float(w); }
+__device__ __forceinline__ float is_lo(unsigned w, __half*) {
+  return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+}
+__device__ __forceinline__ float is_hi(unsigned w, __half*) {
+  return __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+}
+__device__ __forceinline__ float is_lo(unsigned w, __nv_bfloat16*) {
+  return __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float is_hi(unsigned w, __nv_bfloat16*) {
+  return __uint_as_float(w & 0xffff0000u);
+}
+
+__device__ __forceinline__ long long is_load_index(const void* idx, long long i, int idx64) {
+  return idx64 ? ((const long long*)idx)[i] : (long long)((const int*)idx)[i];
+}
+
+__device__ __forceinline__ int is_imin(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ int is_imax(int a, int b) { return a > b ? a : b; }
+
+// Warp max of an int (all 32 lanes take part).
+__device__ __forceinline__ int is_warp_max(int v) {
+  for (int off = 16; off > 0; off >>= 1) v = is_imax(v, __shfl_xor_sync(IS_FULL, v, off));
+  return v;
+}
+__device__ __forceinline__ int is_warp_min(int v) {
+  for (int off = 16; off > 0; off >>= 1) v = is_imin(v, __shfl_xor_sync(IS_FULL, v, off));
+  return v;
+}
+
+// Stage one split's column range of an index row into shared memory as a clamped key
+// (or -1 for a masked column) and return the split's live length: one past its last
+// selected column. Valid rows pad only at the end, so the live prefix is every column
+// before the padding. The clamp to [0, bound) is what keeps a poisoned replay (caught by
+// is_validate, decoded by rt.latch.check()) from ever gathering out of bounds.
+// Needs a __shared__ int scratch word; ends with a __syncthreads().
+__device__ __forceinline__ int is_stage_keys(const void* idx, long long row_off, int idx64,
+                                             int c_begin, int ncols, int bound, int* s_key,
+                                             int* s_live) {
+  if (threadIdx.x == 0) *s_live = 0;
+  __syncthreads();
+  int live = 0;
+  for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
+    const long long raw = is_load_index(idx, row_off + c_begin + i, idx64);
+    int key = -1;
+    if (raw >= 0) {
+      key = raw < (long long)bound ? (int)raw : bound - 1;
+      live = i + 1;
+    }
+    s_key[i] = key;
+  }
+  live = is_warp_max(live);
+  if ((threadIdx.x & 31) == 0) atomicMax(s_live, live);  // integer max: order-independent
+  __syncthreads();
+  return *s_live;
+}
+
+// Address of the gathered row `key` of kv head (b, kvh): keys below len0 live in segment 0
+// (past, or the capacity present), the rest in segment 1 (the current tokens).
+__device__ __forceinline__ const is_t* is_row(const is_t* seg0, const is_t* seg1, long long bh,
+                                              int key, int len0, int len1, int H) {
+  return key < len0 ? seg0 + (bh * len0 + key) * (long long)H
+                    : seg1 + (bh * len1 + (key - len0)) * (long long)H;
+}
+
+// Task decode shared by both attention paths. blockIdx.x = ((bq * S) + s) * U + u, with the
+// head block u fastest so CTAs that gather the same rows run side by side (L2 reuse).
+struct IsTask {
+  long long b;
+  int qi, s, kvh, h0, nh, ih;
+};
+
+__device__ __forceinline__ IsTask is_decode_task(int Sq, int G, int U, int HBK, int shared_idx,
+                                                 int S, int heads_per_cta) {
+  IsTask t;
+  long long x = blockIdx.x;
+  const int u = (int)(x % U);
+  x /= U;
+  t.s = (int)(x % S);
+  x /= S;
+  t.qi = (int)(x % Sq);
+  t.b = x / Sq;
+  if (shared_idx) {
+    t.kvh = u / HBK;
+    const int hb = u % HBK;
+    t.h0 = t.kvh * G + hb * heads_per_cta;
+    t.nh = is_imin(heads_per_cta, G - hb * heads_per_cta);
+    t.ih = 0;
+  } else {
+    t.h0 = u;
+    t.kvh = u / G;
+    t.nh = 1;
+    t.ih = u;
+  }
+  return t;
+}
+
+// Merge (m, l, o) partial softmax states in a fixed order (log2 domain). Returns the
+// merged output value for one element; *L_out gets the merged denominator.
+__device__ __forceinline__ void is_merge_parts(const float* m, const float* l, const float* o,
+                                               int n, int stride_ml, int stride_o, float* M_out,
+                                               float* L_out, float* O_out) {
+  float M = is_neg_inf();
+  for (int w = 0; w < n; ++w) M = fmaxf(M, m[w * stride_ml]);
+  float L = 0.f, O = 0.f;
+  if (M != is_neg_inf()) {
+    for (int w = 0; w < n; ++w) {
+      const float a = exp2f(m[w * stride_ml] - M);  // -inf parts contribute 0
+      L += l[w * stride_ml] * a;
+      O += o[w * stride_o] * a;
+    }
+  }
+  *M_out = M;
+  *L_out = L;
+  *O_out = O;
+}
+
+// Write one finished element: the output when the row has one split, else the split's
+// partial (unnormalised O, and m/l from the d == 0 thread).
+__device__ __forceinline__ void is_write_out(is_t* y, float* part_o, float* part_ml, int S,
+                                             int s, long long b, int h, int qi, int Sq, int N,
+                                             int H, int d, float M, float L, float O) {
+  if (S == 1) {
+    is_store(y + ((b * N + h) * (long long)Sq + qi) * H + d, L > 0.f ? O / L : 0.f);
+  } else {
+    const long long prow = ((b * Sq + qi) * (long long)N + h) * S + s;
+    part_o[prow * H + d] = O;
+    if (d == 0) {
+      part_ml[prow * 2] = M;
+      part_ml[prow * 2 + 1] = L;
+    }
+  }
+}
+
+#ifdef NXRT_EMU
+#define IS_DYN_SMEM(name) unsigned char* name = emu_dynamic_smem()
+#else
+#define IS_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
