@@ -5,7 +5,6 @@ Everything above this module sees plain values or :class:`~nxrt.errors.CudaError
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from cuda.bindings import driver, nvrtc
@@ -102,43 +101,27 @@ def driver_missing_reason() -> str | None:
 
 
 class FastDriver:
-    """ctypes entry points of libcuda for the launch hot path.
+    """ctypes entry point of libcuda's ``cuLaunchKernel`` for the launch hot path.
 
-    The Python-level ``cuda.bindings.driver.cuLaunchKernel`` costs several microseconds of
-    argument conversion per call; the same symbol through ctypes with pre-converted integer
-    handles costs about one. This class is the only other place a ``CUresult`` is
-    compared, and it turns failures into :class:`CudaError` exactly like :func:`check`.
+    ``cuda.bindings.driver.cuLaunchKernel`` converts eleven Python arguments per call; here
+    the handles arrive pre-wrapped as ``c_void_p`` and the dimensions as plain ints, so
+    ctypes does almost no conversion. ``hold_gil=False`` (the default) releases the GIL
+    during the call like any blocking I/O; ``True`` keeps it (slightly cheaper, but a launch
+    that blocks on a full queue would stall other Python threads). This class is the only
+    other place a ``CUresult`` is compared, and it raises :class:`CudaError` like
+    :func:`check`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, hold_gil: bool = False) -> None:
         import ctypes
 
-        lib = ctypes.CDLL("libcuda.so.1")
-        vp, u = ctypes.c_void_p, ctypes.c_uint
+        lib = (ctypes.PyDLL if hold_gil else ctypes.CDLL)("libcuda.so.1")
         self._launch = lib.cuLaunchKernel
-        self._launch.argtypes = [vp, u, u, u, u, u, u, u, vp, vp, vp]
-        self._launch.restype = ctypes.c_int
-        self._get_ctx = lib.cuCtxGetCurrent
-        self._get_ctx.argtypes = [ctypes.POINTER(vp)]
-        self._get_ctx.restype = ctypes.c_int
-        self._vp = vp
-        self._byref = ctypes.byref
-        self._tls = threading.local()
+        self._launch.restype = ctypes.c_int  # arguments: pre-wrapped, no argtypes conversion
 
-    def current_context(self) -> int:
-        """The calling thread's current context as an int (0 when none)."""
-        tls = self._tls
-        out = getattr(tls, "out", None)
-        if out is None:  # one output word per thread: contexts are per-thread state
-            out = tls.out = self._vp()
-            tls.ref = self._byref(out)
-        err = self._get_ctx(tls.ref)
-        if err:
-            raise _driver_error(driver.CUresult(err), "cuCtxGetCurrent")
-        return out.value or 0
-
-    def launch(self, fn: int, grid: tuple, block: tuple, shared: int, stream: int, params: int,
+    def launch(self, fn: Any, grid: tuple, block: tuple, shared: int, stream: Any, params: Any,
                what: Any) -> None:
+        """``fn``, ``stream``, ``params``: ``c_void_p`` (or None); dims: ints below 2**31."""
         err = self._launch(fn, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared,
                            stream, params, None)
         if err:

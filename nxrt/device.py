@@ -10,7 +10,7 @@ import threading
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ._check import check, driver, driver_missing_reason, fast_driver, load_driver
+from ._check import check, driver, driver_missing_reason, load_driver
 
 __all__ = ["Capabilities", "Device", "device_count", "gpu_missing_reason"]
 
@@ -107,7 +107,6 @@ class Device:
         self.context = check(driver.cuDevicePrimaryCtxRetain(self.handle),
                              f"cuDevicePrimaryCtxRetain({ordinal})")
         self._ctx_int = int(self.context)
-        self._fast = fast_driver()
         self._lock = threading.Lock()
         self._released = False
         self.make_current()
@@ -115,7 +114,8 @@ class Device:
 
     def make_current(self) -> None:
         """Make this device's primary context current on the calling thread (cheap when it is)."""
-        if self._fast.current_context() != self._ctx_int:
+        cur = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
+        if cur is None or int(cur) != self._ctx_int:
             check(driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
     def release(self) -> None:

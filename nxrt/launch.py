@@ -2,7 +2,7 @@
 
 Kernel arguments: a Python ``int`` is a device pointer (8 bytes); scalars are numpy
 scalars (``np.int32(n)``, ``np.float32(x)``, ...), whose dtype fixes their size. The
-function's parameter layout is read from the CUBIN once (``cuFuncGetParamInfo``), so a
+function's parameter layout is read from the CUBIN once (``cuKernelGetParamInfo``), so a
 wrong argument count or size is a ``TypeError`` before anything is launched.
 """
 
@@ -90,17 +90,24 @@ class _Packer:
         self.buf = ctypes.create_string_buffer(max(size, 1))
         base = ctypes.addressof(self.buf)
         self.ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
-        self.addr = ctypes.addressof(self.ptrs)
+        self.addr = ctypes.c_void_p(ctypes.addressof(self.ptrs)) if offsets else None
 
 
 class Function:
-    """A kernel entry point loaded in one runtime's context."""
+    """A kernel entry point: a context-independent ``CUkernel`` from a loaded library.
 
-    def __init__(self, handle: Any, name: str, module_name: str, max_optin_shared: int) -> None:
+    Launches run in the context of the runtime's stream (the driver takes it from the
+    stream for a ``CUkernel``), so no context switch is needed on the hot path.
+    """
+
+    def __init__(self, handle: Any, name: str, module_name: str, max_optin_shared: int,
+                 device: Any = None) -> None:
         self.handle = handle
         self.handle_int = int(handle)
+        self.handle_c = ctypes.c_void_p(self.handle_int)
         self.name = name
         self.module_name = module_name
+        self.device = device
         self._max_optin = max_optin_shared
         self._shmem_limit = _MAX_DEFAULT_SHMEM
         self._params: tuple[tuple[int, int], ...] | None = None
@@ -115,7 +122,7 @@ class Function:
         if self._params is None:
             out = []
             while True:
-                res = driver.cuFuncGetParamInfo(self.handle, len(out))
+                res = driver.cuKernelGetParamInfo(self.handle, len(out))
                 if res[0] != driver.CUresult.CUDA_SUCCESS:
                     break
                 out.append((int(res[1]), int(res[2])))
@@ -123,26 +130,32 @@ class Function:
         return self._params
 
     def attribute(self, attr: Any) -> int:
-        return check(driver.cuFuncGetAttribute(attr, self.handle), f"cuFuncGetAttribute({attr.name})")
+        return check(driver.cuKernelGetAttribute(attr, self.handle, self.device),
+                     f"cuKernelGetAttribute({attr.name})")
 
     @property
     def num_regs(self) -> int:
         return self.attribute(driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS)
 
     def ensure_shared(self, nbytes: int) -> None:
-        """Raise the function's dynamic shared memory limit (once per new high-water mark)."""
+        """Raise the kernel's dynamic shared memory limit (once per new high-water mark)."""
         if nbytes <= self._shmem_limit:
             return
         if nbytes > self._max_optin:
             raise ValueError(
                 f"{self}: {nbytes} bytes of dynamic shared memory requested; the device allows "
                 f"at most {self._max_optin} per block. Use smaller tiles or fewer stages.")
-        check(driver.cuFuncSetAttribute(self.handle, _SHMEM_ATTR, nbytes),
-              f"cuFuncSetAttribute({self.name}, MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes})")
+        check(driver.cuKernelSetAttribute(_SHMEM_ATTR, nbytes, self.handle, self.device),
+              f"cuKernelSetAttribute({self.name}, MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes})")
         self._shmem_limit = nbytes
 
     def pack(self, args: Sequence[Any]) -> int:
-        """Pack ``args`` and return the address of the ``void*[]`` that cuLaunchKernel reads.
+        """Pack ``args``; returns the address of the ``void*[]`` that cuLaunchKernel reads (0: none)."""
+        ptr = self.pack_c(args)
+        return ptr.value if ptr is not None else 0
+
+    def pack_c(self, args: Sequence[Any]) -> Any:
+        """:meth:`pack` for the launch path: the address as ``c_void_p`` (``None`` for no params).
 
         The buffer is reused per thread and signature; the driver copies the parameters
         during the launch call, so reuse on the next launch is safe.
@@ -154,7 +167,8 @@ class Function:
         packer = cache.get(key)
         if packer is None:
             packer = cache[key] = self._make_packer(args)
-        packer.struct.pack_into(packer.buf, 0, *args)
+        if args:
+            packer.struct.pack_into(packer.buf, 0, *args)
         return packer.addr
 
     def _make_packer(self, args: Sequence[Any]) -> _Packer:

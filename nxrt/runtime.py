@@ -64,6 +64,7 @@ class CudaRuntime:
         self.arch, self.arch_exact = compiler.target_arch(self.capabilities.arch)
         flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
         self.stream = Stream(check(driver.cuStreamCreate(flags), "cuStreamCreate"))
+        self._stream_c = ctypes.c_void_p(self.stream.ptr)
         self._ledger = Ledger()
         self._modules: dict[tuple, Any] = {}
         self._functions: dict[tuple, Function] = {}
@@ -96,7 +97,7 @@ class CudaRuntime:
                 self.free_raw(p)
         memory.free(self.latch.ptr)
         for mod in self._modules.values():
-            check(driver.cuModuleUnload(mod), "cuModuleUnload")
+            check(driver.cuLibraryUnload(mod), "cuLibraryUnload")
         self._modules.clear()
         self._functions.clear()
         self._by_module.clear()
@@ -227,15 +228,17 @@ class CudaRuntime:
             if mod is None:
                 compiled = self.cache.get(source, module + ".cu", target, opts, headers)
                 image = compiled.cubin if exact and compiled.cubin else compiled.ptx
-                mod = check(driver.cuModuleLoadData(image), f"cuModuleLoadData({module})")
+                mod = check(driver.cuLibraryLoadData(image, None, None, 0, None, None, 0),
+                            f"cuLibraryLoadData({module})")
                 self._modules[mkey] = mod
             # One Function per loaded entry, however it was asked for, so per-function state
             # (the opted-in shared memory limit, the parameter layout) is never split.
             fn = self._by_module.get((mkey, entry))
             if fn is None:
-                handle = check(driver.cuModuleGetFunction(mod, entry.encode()),
-                               f"cuModuleGetFunction({module}, {entry})")
-                fn = Function(handle, entry, module, self.capabilities.max_shared_per_block_optin)
+                handle = check(driver.cuLibraryGetKernel(mod, entry.encode()),
+                               f"cuLibraryGetKernel({module}, {entry})")
+                fn = Function(handle, entry, module, self.capabilities.max_shared_per_block_optin,
+                              self.device.handle)
                 self._by_module[(mkey, entry)] = fn
             self._functions[key] = fn
             return fn
@@ -258,16 +261,15 @@ class CudaRuntime:
         """
         if self._closed:
             raise ValueError("launch(): this CudaRuntime is closed")
-        dev = self.device
-        if self._fast.current_context() != dev._ctx_int:
-            dev.make_current()
         g = grid if type(grid) is tuple and len(grid) == 3 else dim3(grid, "grid")
         b = block if type(block) is tuple and len(block) == 3 else dim3(block, "block")
         if shared_mem > 49152:
             fn.ensure_shared(shared_mem)
-        params = fn.pack(args)
+        params = fn.pack_c(args)
         try:
-            self._fast.launch(fn.handle_int, g, b, shared_mem, self.stream.ptr, params,
+            # A CUkernel launched on a non-null stream runs in the stream's context: no
+            # context switch is needed, whichever context is current on this thread.
+            self._fast.launch(fn.handle_c, g, b, shared_mem, self._stream_c, params,
                               lambda: f"cuLaunchKernel({fn.name}, grid={g}, block={b}, "
                                       f"shared_mem={shared_mem})")
         except (ctypes.ArgumentError, CudaError):

@@ -10,6 +10,11 @@ import pytest
 
 import nxrt
 
+try:  # torch (optional, GPU tests only) is imported before any test module runs
+    import torch  # noqa: F401
+except Exception:  # absent or broken: the tests that need it skip themselves
+    pass
+
 GPU_REASON = nxrt.gpu_missing_reason()
 
 
