@@ -99,8 +99,10 @@ def _params() -> list:
 
 
 @pytest.fixture(scope="session")
-def kernel_cache(tmp_path_factory) -> CompileCache:
-    return CompileCache(tmp_path_factory.mktemp("kernel-cache"), disk=True)
+def kernel_cache() -> CompileCache:
+    # The session's cache directory (tests/conftest.py makes a private one), so that the
+    # CLI warm and demo tests reuse these compiles instead of repeating them.
+    return CompileCache(os.environ["NXRT_CACHE_DIR"], disk=True)
 
 
 def _compile_into(directory: str, file: str, options: tuple, target: str) -> int:
