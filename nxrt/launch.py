@@ -101,13 +101,14 @@ class Function:
     """
 
     def __init__(self, handle: Any, name: str, module_name: str, max_optin_shared: int,
-                 device: Any = None) -> None:
+                 device: Any = None, make_current: Any = None) -> None:
         self.handle = handle
         self.handle_int = int(handle)
         self.handle_c = ctypes.c_void_p(self.handle_int)
         self.name = name
         self.module_name = module_name
         self.device = device
+        self._make_current = make_current  # queries below need the device's context current
         self._max_optin = max_optin_shared
         self._shmem_limit = _MAX_DEFAULT_SHMEM
         self._params: tuple[tuple[int, int], ...] | None = None
@@ -120,13 +121,15 @@ class Function:
     def params(self) -> tuple[tuple[int, int], ...]:
         """(offset, size) of every kernel parameter, from the CUBIN."""
         if self._params is None:
+            if self._make_current is not None:
+                self._make_current()
             out = []
             while True:
                 res = driver.cuKernelGetParamInfo(self.handle, len(out))
-                if res[0] != driver.CUresult.CUDA_SUCCESS:
-                    break
-                out.append((int(res[1]), int(res[2])))
-            self._params = tuple(out)
+                if res[0] == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+                    break  # one past the last parameter
+                out.append(check(res, f"cuKernelGetParamInfo({self.name}, {len(out)})"))
+            self._params = tuple((int(o), int(s)) for o, s in out)
         return self._params
 
     def attribute(self, attr: Any) -> int:
@@ -145,9 +148,18 @@ class Function:
             raise ValueError(
                 f"{self}: {nbytes} bytes of dynamic shared memory requested; the device allows "
                 f"at most {self._max_optin} per block. Use smaller tiles or fewer stages.")
+        if self._make_current is not None:
+            self._make_current()
         check(driver.cuKernelSetAttribute(_SHMEM_ATTR, nbytes, self.handle, self.device),
               f"cuKernelSetAttribute({self.name}, MAX_DYNAMIC_SHARED_SIZE_BYTES, {nbytes})")
         self._shmem_limit = nbytes
+
+    def no_args(self) -> None:
+        """The launch parameters for an empty argument list (checked once against the kernel)."""
+        if self._params is None or self._params:
+            if self.params:
+                raise TypeError(f"{self} takes {len(self.params)} arguments, got 0")
+        return None
 
     def pack(self, args: Sequence[Any]) -> int:
         """Pack ``args``; returns the address of the ``void*[]`` that cuLaunchKernel reads (0: none)."""

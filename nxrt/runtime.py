@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -15,7 +14,7 @@ from . import compiler, memory
 from ._check import check, driver, fast_driver
 from .cache import CompileCache, default_cache
 from .device import Capabilities, Device
-from .errors import CaptureError, CudaError
+from .errors import CaptureError
 from .graph import CAPTURE_MODES, Graph
 from .latch import Latch
 from .launch import Function, dim3
@@ -24,6 +23,10 @@ from .memory import Ledger, MemoryStats
 __all__ = ["CudaRuntime", "Stream"]
 
 _CAPTURE_NONE = driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
 
 
 class Stream:
@@ -64,7 +67,7 @@ class CudaRuntime:
         self.arch, self.arch_exact = compiler.target_arch(self.capabilities.arch)
         flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
         self.stream = Stream(check(driver.cuStreamCreate(flags), "cuStreamCreate"))
-        self._stream_c = ctypes.c_void_p(self.stream.ptr)
+        self._configs: dict[tuple, Any] = {}
         self._ledger = Ledger()
         self._modules: dict[tuple, Any] = {}
         self._functions: dict[tuple, Function] = {}
@@ -238,7 +241,7 @@ class CudaRuntime:
                 handle = check(driver.cuLibraryGetKernel(mod, entry.encode()),
                                f"cuLibraryGetKernel({module}, {entry})")
                 fn = Function(handle, entry, module, self.capabilities.max_shared_per_block_optin,
-                              self.device.handle)
+                              self.device.handle, self.device.make_current)
                 self._by_module[(mkey, entry)] = fn
             self._functions[key] = fn
             return fn
@@ -261,23 +264,31 @@ class CudaRuntime:
         """
         if self._closed:
             raise ValueError("launch(): this CudaRuntime is closed")
-        g = grid if type(grid) is tuple and len(grid) == 3 else dim3(grid, "grid")
-        b = block if type(block) is tuple and len(block) == 3 else dim3(block, "block")
+        key = (grid, block, shared_mem) if type(grid) is tuple and type(block) is tuple \
+            else (_hashable(grid), _hashable(block), shared_mem)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = self._launch_config(key)
         if shared_mem > 49152:
             fn.ensure_shared(shared_mem)
-        params = fn.pack_c(args)
-        try:
-            # A CUkernel launched on a non-null stream runs in the stream's context: no
-            # context switch is needed, whichever context is current on this thread.
-            self._fast.launch(fn.handle_c, g, b, shared_mem, self._stream_c, params,
-                              lambda: f"cuLaunchKernel({fn.name}, grid={g}, block={b}, "
-                                      f"shared_mem={shared_mem})")
-        except (ctypes.ArgumentError, CudaError):
-            # The 3-tuple fast path skipped validation: say what was wrong with it.
-            dim3(g, "grid")
-            dim3(b, "block")
-            raise
+        params = fn.pack_c(args) if args else fn.no_args()
+        # A CUkernel launched on a non-null stream runs in the stream's context: no context
+        # switch is needed, whichever context is current on this thread.
+        self._fast.launch(cfg[1], fn.handle_c, params,
+                          lambda: f"cuLaunchKernelEx({fn.name}, grid={grid}, block={block}, "
+                                  f"shared_mem={shared_mem})")
         self.launch_count += 1
+
+    def _launch_config(self, key: tuple) -> Any:
+        grid, block, shared_mem = key
+        g, b = dim3(grid, "grid"), dim3(block, "block")
+        if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
+            raise ValueError(f"shared_mem must be a non-negative int, got {shared_mem!r}")
+        cfg = self._fast.config(g, b, int(shared_mem), self.stream.ptr)
+        if len(self._configs) > 4096:  # bounded: shapes that change every call don't grow it
+            self._configs.clear()
+        self._configs[key] = cfg
+        return cfg
 
     # -- graphs -------------------------------------------------------------------------
     def begin_capture(self, mode: str = "thread_local") -> None:

@@ -41,20 +41,32 @@ def main() -> None:
         args = [1, 2, 3, 4, np.int32(5), np.float32(1.0)]
         from nxrt._check import FastDriver
 
-        fast, s = rt._fast, rt._stream_c
+        fast = rt._fast
         held = FastDriver(hold_gil=True)
         g, b = (1, 1, 1), (32, 1, 1)
+        _cfg, ref = fast.config(g, b, 0, rt.stream.ptr)
         rows = {
             "ctx probe (cuda.bindings)": lambda: driver.cuCtxGetCurrent(),
             "pack 6 args": lambda: a.pack_c(args),
-            "pack 0 args": lambda: e.pack_c(()),
-            "ctypes launch, GIL released": lambda: fast.launch(e.handle_c, g, b, 0, s, None, "x"),
-            "ctypes launch, GIL held": lambda: held.launch(e.handle_c, g, b, 0, s, None, "x"),
+            "ctypes cuLaunchKernelEx, GIL released": lambda: fast.launch(ref, e.handle_c, None, "x"),
+            "ctypes cuLaunchKernelEx, GIL held": lambda: held.launch(ref, e.handle_c, None, "x"),
             "rt.launch empty": lambda: rt.launch(e, g, b, ()),
             "rt.launch 6 args": lambda: rt.launch(a, g, b, args),
             "cuda.bindings cuLaunchKernel": lambda: driver.cuLaunchKernel(e.handle, 1, 1, 1, 32, 1, 1, 0,
                                                                          rt.stream.handle, 0, 0),
         }
+        try:
+            from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
+
+            dev = Device(0)
+            dev.set_current()
+            ker = Program(SRC, code_type="c++", options=ProgramOptions(arch=rt.arch)).compile(
+                "cubin").get_kernel("empty_kernel")
+            st = dev.create_stream()
+            lc = LaunchConfig(grid=1, block=32)
+            rows["cuda.core launch"] = lambda: launch(st, lc, ker)
+        except Exception as exc:
+            print("cuda.core unavailable:", exc)
         for name, fn in rows.items():
             us = per_call_us(fn)
             rt.synchronize()
