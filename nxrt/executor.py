@@ -162,11 +162,15 @@ class Executor:
             step.workspace_ptr = step.workspace_bytes = 0
 
     def close(self) -> None:
-        """Destroy the graph and free every arena."""
+        """Destroy the graph, free every arena, and close kernels that own memory (``close()``)."""
         if self.graph is not None:
             self.graph.destroy()
             self.graph = None
         self._free_arenas()
+        for step in self.steps:
+            close = getattr(step.kernel, "close", None)
+            if callable(close):
+                close()
         self._planned = False
 
     def __enter__(self) -> Executor:
