@@ -126,10 +126,19 @@ class FastDriver:
         self._byref = ctypes.byref
 
     def config(self, grid: tuple, block: tuple, shared: int, stream: int) -> Any:
-        """A reusable ``CUlaunchConfig`` (by reference) for these dimensions on ``stream``."""
+        """A reusable ``CUlaunchConfig``: (struct, reference to pass to :attr:`launch_fn`)."""
         cfg = self._struct((grid[0], grid[1], grid[2]), (block[0], block[1], block[2]),
                            shared, stream, None, 0)
-        return cfg, self._byref(cfg)
+        return cfg, self._byref(cfg)  # a byref object holds on to its struct
+
+    @property
+    def launch_fn(self) -> Any:
+        """The raw foreign function ``(config_ref, kernel, params, None) -> CUresult int``."""
+        return self._launch
+
+    def raise_for(self, err: int, call: str) -> None:
+        """Raise the :class:`CudaError` for a nonzero result of :attr:`launch_fn`."""
+        raise _driver_error(driver.CUresult(err), call)
 
     def launch(self, cfg_ref: Any, fn: Any, params: Any, what: Any) -> None:
         """Launch ``fn`` (``c_void_p``) with ``params`` (``c_void_p`` or None)."""

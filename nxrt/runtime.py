@@ -68,6 +68,7 @@ class CudaRuntime:
         flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
         self.stream = Stream(check(driver.cuStreamCreate(flags), "cuStreamCreate"))
         self._configs: dict[tuple, Any] = {}
+        self._cu_launch = self._fast.launch_fn
         self._ledger = Ledger()
         self._modules: dict[tuple, Any] = {}
         self._functions: dict[tuple, Function] = {}
@@ -102,6 +103,7 @@ class CudaRuntime:
         for mod in self._modules.values():
             check(driver.cuLibraryUnload(mod), "cuLibraryUnload")
         self._modules.clear()
+        self._configs.clear()
         self._functions.clear()
         self._by_module.clear()
         check(driver.cuStreamDestroy(self.stream.handle), "cuStreamDestroy")
@@ -262,29 +264,31 @@ class CudaRuntime:
         CudaError
             The driver refused the launch.
         """
-        if self._closed:
-            raise ValueError("launch(): this CudaRuntime is closed")
-        key = (grid, block, shared_mem) if type(grid) is tuple and type(block) is tuple \
-            else (_hashable(grid), _hashable(block), shared_mem)
-        cfg = self._configs.get(key)
+        # Hot path: one dict lookup for the cached CUlaunchConfig, argument packing, and one
+        # foreign call. A CUkernel launched on a non-null stream runs in the stream's
+        # context, so no context switch is needed whichever context is current here.
+        try:
+            cfg = self._configs.get((grid, block, shared_mem))
+        except TypeError:  # lists are unhashable: normalise
+            cfg = None
         if cfg is None:
-            cfg = self._launch_config(key)
+            cfg = self._launch_config((_hashable(grid), _hashable(block), shared_mem))
         if shared_mem > 49152:
             fn.ensure_shared(shared_mem)
-        params = fn.pack_c(args) if args else fn.no_args()
-        # A CUkernel launched on a non-null stream runs in the stream's context: no context
-        # switch is needed, whichever context is current on this thread.
-        self._fast.launch(cfg[1], fn.handle_c, params,
-                          lambda: f"cuLaunchKernelEx({fn.name}, grid={grid}, block={block}, "
-                                  f"shared_mem={shared_mem})")
+        err = self._cu_launch(cfg, fn.handle_c, fn.pack_c(args) if args else fn.no_args(), None)
+        if err:
+            self._fast.raise_for(err, f"cuLaunchKernelEx({fn.name}, grid={grid}, block={block}, "
+                                      f"shared_mem={shared_mem})")
         self.launch_count += 1
 
     def _launch_config(self, key: tuple) -> Any:
+        if self._closed:  # close() empties the config cache, so a closed runtime lands here
+            raise ValueError("launch(): this CudaRuntime is closed")
         grid, block, shared_mem = key
         g, b = dim3(grid, "grid"), dim3(block, "block")
         if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise ValueError(f"shared_mem must be a non-negative int, got {shared_mem!r}")
-        cfg = self._fast.config(g, b, int(shared_mem), self.stream.ptr)
+        cfg = self._fast.config(g, b, int(shared_mem), self.stream.ptr)[1]
         if len(self._configs) > 4096:  # bounded: shapes that change every call don't grow it
             self._configs.clear()
         self._configs[key] = cfg

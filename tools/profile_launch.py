@@ -50,6 +50,7 @@ def main() -> None:
             "pack 6 args": lambda: a.pack_c(args),
             "ctypes cuLaunchKernelEx, GIL released": lambda: fast.launch(ref, e.handle_c, None, "x"),
             "ctypes cuLaunchKernelEx, GIL held": lambda: held.launch(ref, e.handle_c, None, "x"),
+            "raw foreign call (launch_fn)": lambda: fast.launch_fn(ref, e.handle_c, None, None),
             "rt.launch empty": lambda: rt.launch(e, g, b, ()),
             "rt.launch 6 args": lambda: rt.launch(a, g, b, args),
             "cuda.bindings cuLaunchKernel": lambda: driver.cuLaunchKernel(e.handle, 1, 1, 1, 32, 1, 1, 0,
