@@ -23,6 +23,12 @@ Read paths (the rule, in order)
 2. otherwise → ``simple`` (``cuda/paged_small.cu:paged_simple_*``): one CTA per (token, head),
    CUDA cores, any head size; also the fallback. ``path=`` on the factory forces either.
 
+On compute capability 9.0 rule 1 takes the Hopper variant ``wg`` (``cuda/paged_mla_wg.cu``,
+sm_90a): the same grid, rows, tiles and workspace, with warpgroup MMA (wgmma) reading Q and
+the latent tile straight from swizzled shared memory. Measured on the H200 (``tools/sweep_paged.py``,
+bf16, 128 heads, L 8k): 1325 vs 926 GB/s at B=32 and 1461 vs 979 GB/s at B=128 against
+the mma.sync kernel, so it is the default there; ``path="mla"`` forces the mma.sync kernel.
+
 Split-KV: the number of splits is fixed on the host from shapes (tokens x heads, the block
 table's width, or ``attention_metadata``) and the SM count; each CTA splits its own key
 range on the device, so the op never reads device data back and is capturable. Splits > 1
@@ -68,7 +74,7 @@ from ._common import Variant, check_workspace, expect, get_function
 
 __all__ = ["PagedAttentionFactory", "PagedAttentionKernel", "PagedPlan", "PagedGeometry",
            "unsupported_reason", "compile_variants", "workspace_layout", "choose_splits",
-           "mla_smem_bytes", "PAGED_POSITION_OUT_OF_RANGE"]
+           "mla_smem_bytes", "mla_wg_smem_bytes", "PAGED_POSITION_OUT_OF_RANGE"]
 
 OP = "com.microsoft::PagedAttention"
 DOMAIN, OP_TYPE = "com.microsoft", "PagedAttention"
@@ -102,12 +108,20 @@ MLA_SHAPES = ((576, 512),)  # (head_size, v_head_size) built for the tensor-core
 MLA_ROWS, MLA_THREADS = 64, 256
 MLA_TILES = (64, 32)  # keys per tile, largest first
 MAX_SPLITS = 64
-SIMPLE_THREADS = WRITE_THREADS = 128
+SIMPLE_THREADS = WRITE_THREADS = COMBINE_THREADS = 128
 WS_ALIGN = 256
-PATHS = ("auto", "mla", "mla64", "mla32", "simple")
+PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
 _I32 = 2**31 - 1
 #: Planning defaults when a kernel has no runtime (CPU planning, tests): an H200.
-_DEFAULT_CAPS = SimpleNamespace(sm_count=132, max_shared_per_block_optin=232448)
+_DEFAULT_CAPS = SimpleNamespace(sm_count=132, max_shared_per_block_optin=232448,
+                                compute_capability=(9, 0))
+#: Cost model of choose_splits, per path, in microseconds (H200): one 64-key tile of one CTA
+#: (mma: measured 5.3 us at B=32; wg: predicted), the CTA prologue (setup, Q and first tile
+#: in flight), writing one CTA's f32 partials; the combine launch and its partial-read rate
+#: (bytes per microsecond, the partials mostly sit in L2).
+SPLIT_COST = {"mla": dict(tile=5.3, prologue=3.0, partial=1.0),
+              "wg": dict(tile=2.0, prologue=3.0, partial=1.0)}
+COMBINE_LAUNCH_US, COMBINE_BYTES_PER_US = 2.0, 3.0e6
 
 
 # --------------------------------------------------------------------------- claim time
@@ -138,9 +152,19 @@ def _attrs(node: Node) -> _Attrs:
     expect(a.softcap >= 0.0, f"{OP}: attribute softcap must be >= 0 (0 disables), got {a.softcap}")
     expect(a.window >= -1, f"{OP}: attribute local_window_size must be >= -1, got {a.window}")
     expect(a.rotary_offset >= 0, f"{OP}: attribute rotary_offset must be >= 0, got {a.rotary_offset}")
-    expect(a.scale is None or (math.isfinite(a.scale) and a.scale > 0),
-           f"{OP}: attribute scale must be a positive finite float, got {a.scale}")
+    expect(a.scale is None or (_f32_finite(a.scale) and a.scale > 0),
+           f"{OP}: attribute scale must be a positive float32-finite float, got {a.scale}")
+    expect(_f32_finite(a.softcap), f"{OP}: attribute softcap must be float32-finite, got {a.softcap}")
+    # Kernels take these as int32 arguments.
+    for name, v in (("num_heads", a.num_heads), ("v_head_size", a.v_head_size),
+                    ("local_window_size", a.window), ("rotary_offset", a.rotary_offset)):
+        expect(v <= _I32, f"{OP}: attribute {name} {v} must fit in int32")
     return a
+
+
+def _f32_finite(x: float) -> bool:
+    with np.errstate(over="ignore"):
+        return bool(math.isfinite(x) and np.isfinite(np.float32(x)))
 
 
 def _quantized(node: Node, name: str) -> bool:
@@ -187,6 +211,10 @@ def unsupported_reason(node: Node, shapes: Sequence[Sequence[int] | None] = (),
             return f"{OP} (LATENT): {what} is not implemented (input {i} must be absent)"
     if not present(IN_KEY):
         return f"{OP} (LATENT): packed QKV (input 'key' absent) is not implemented"
+    if node.inputs:
+        for i in REQUIRED:
+            if not node.input_present(i):
+                return f"{OP}: required input '{INPUT_NAMES[i]}' ({i}) is absent"
     if attributes:
         try:
             _attrs(node)
@@ -278,7 +306,7 @@ class PagedGeometry:
 class PagedPlan:
     """The launch plan: path, tile, grid and splits, and the workspace layout."""
 
-    path: str  # "mla", "simple" or "none" (no tokens)
+    path: str  # "mla", "wg", "simple" or "none" (no tokens)
     block_n: int
     grid_x: int
     splits: int
@@ -296,6 +324,24 @@ def mla_smem_bytes(block_n: int, head_size: int = 576) -> int:
     return q + kv + p + red + rows + valid + 32
 
 
+def simple_smem_bytes(head_size: int, v_head_size: int) -> int:
+    """Dynamic shared memory of ``paged_simple_*``: the f32 query row, 4 warps' f32 outputs."""
+    return (head_size + 4 * v_head_size + 8) * 4
+
+
+def mla_wg_smem_bytes(head_size: int = 576) -> int:
+    """Dynamic shared memory of ``paged_mla_wg_fwd`` (mirrors SMEM_BYTES in paged_mla_wg.cu).
+
+    Q and two stages of 64 keys in 1024-byte-aligned swizzle atoms, P, row data, plus 1 KiB
+    of slack to align the base.
+    """
+    q = MLA_ROWS * head_size * 2
+    kv = 2 * 64 * head_size * 2
+    p = MLA_ROWS * 64 * 2
+    rows = 2 * MLA_ROWS * 4 + 3 * MLA_ROWS * 4 + 2 * 64 + 32
+    return q + kv + p + rows + 1024
+
+
 def workspace_layout(rows: int, v_head_size: int, splits: int) -> tuple[int, int]:
     """(offset of the log-sum-exp array, total bytes) of the split-KV partials.
 
@@ -310,19 +356,20 @@ def workspace_layout(rows: int, v_head_size: int, splits: int) -> tuple[int, int
 
 
 def choose_splits(row_blocks: int, tiles: int, sm_count: int, rows: int = 0,
-                  v_head_size: int = 512, cap: int = MAX_SPLITS) -> int:
-    """Splits per row block minimising a cost in units of one CTA's time per 64-key tile.
+                  v_head_size: int = 512, cap: int = MAX_SPLITS, path: str = "mla") -> int:
+    """Splits per row block minimising a modelled time (microseconds, ``SPLIT_COST[path]``).
 
-    One CTA per SM (the tile takes most of shared memory): cost = waves x (tiles per split
-    + 1.5 for the Q load and prologue), plus, when split, ~1.8 per CTA for writing its f32
-    partials and the combine's read of all partials (about 90 KB of HBM traffic per SM
-    equals one tile time).
+    One CTA per SM (the tile takes most of shared memory): time = waves x (tiles per split x
+    tile + prologue + partial write when split), plus, when split, the combine launch and its
+    read of ``rows x splits`` f32 partial rows.
     """
+    c = SPLIT_COST[path]
     best, best_cost = 1, math.inf
     for s in range(1, max(1, min(cap, tiles)) + 1):
         waves = -(-row_blocks * s // max(1, sm_count))
-        per_cta = -(-tiles // s) + 1.5 + (1.8 if s > 1 else 0.0)
-        combine = (rows * s * v_head_size * 4 * 2 / (max(1, sm_count) * 90e3)) if s > 1 else 0.0
+        per_cta = -(-tiles // s) * c["tile"] + c["prologue"] + (c["partial"] if s > 1 else 0.0)
+        combine = (COMBINE_LAUNCH_US + rows * s * v_head_size * 4 / COMBINE_BYTES_PER_US) \
+            if s > 1 else 0.0
         cost = waves * per_cta + combine
         if cost < best_cost - 1e-9:
             best, best_cost = s, cost
@@ -394,6 +441,8 @@ class PagedAttentionKernel:
         self._warmed: set[tuple] = set()
         self._last_ok = False
         self._fns: dict[tuple, Any] = {}
+        # Phases _launch runs; tools/sweep_paged.py times them one at a time (never in the op).
+        self._phases: frozenset[str] = frozenset(("write", "read", "combine"))
         if rt is not None:
             try:
                 rt.latch.register(PAGED_POSITION_OUT_OF_RANGE, _POSITION_BIT_NAME)
@@ -514,9 +563,10 @@ class PagedAttentionKernel:
             need(i, t is None or t.is_contiguous, f"has strides "
                  f"{None if t is None else list(t.element_strides)}", "a contiguous tensor "
                  "(supports_strided_input is False)")
-        expect(max(T * H, nb * bs, B * bt.shape[1], max_pos * rd) <= _I32,
+        expect(max(T * H, nb * bs, B * bt.shape[1], max_pos * rd, hs) <= _I32,
                f"{OP}: tokens*heads ({T * H}), cache slots ({nb * bs}), block table entries "
-               f"({B * bt.shape[1]}) and cos_cache entries must each fit in int32")
+               f"({B * bt.shape[1]}), cos_cache entries and head_size ({hs}) must each fit in "
+               "int32")
         need(IN_BLOCK_TABLE, bt.shape[1] * bs <= 2**30, f"covers {bt.shape[1] * bs} keys",
              "at most 2**30 keys per sequence (max_blocks * block_size)")
         if outputs is not None:
@@ -541,8 +591,20 @@ class PagedAttentionKernel:
         if rows == 0:
             return PagedPlan("none", 0, 0, 1, 0, 0)
         caps = self._caps()
-        block_n = 0
-        if self.path != "simple" and (g.head_size, g.v_head_size) in MLA_SHAPES and aligned:
+        block_n, path = 0, "mla"
+        mla_ok = (g.head_size, g.v_head_size) in MLA_SHAPES and aligned
+        cc = tuple(getattr(caps, "compute_capability", (0, 0)))
+        wg_ok = mla_ok and cc == (9, 0) and mla_wg_smem_bytes(g.head_size) <= caps.max_shared_per_block_optin
+        if self.path == "wg" or (self.path == "auto" and wg_ok):
+            smem = mla_wg_smem_bytes(g.head_size)
+            if not wg_ok:
+                raise KernelError(f"{OP}: path='wg' needs head_size/v_head_size in {MLA_SHAPES}, "
+                                  f"16-byte aligned pointers, compute capability 9.0 (sm_90a "
+                                  f"wgmma) and {smem} bytes of shared memory; got "
+                                  f"{g.head_size}/{g.v_head_size}, aligned={aligned}, "
+                                  f"cc={cc}, {caps.max_shared_per_block_optin} bytes")
+            block_n, path = 64, "wg"
+        elif self.path != "simple" and mla_ok:
             tiles = {"mla64": (64,), "mla32": (32,)}.get(self.path, MLA_TILES)
             fits = [bn for bn in tiles
                     if mla_smem_bytes(bn, g.head_size) <= caps.max_shared_per_block_optin]
@@ -554,19 +616,24 @@ class PagedAttentionKernel:
                                   f"{mla_smem_bytes(MLA_TILES[-1], g.head_size)} bytes of shared "
                                   f"memory; got {g.head_size}/{g.v_head_size}, aligned={aligned}, "
                                   f"{caps.max_shared_per_block_optin} bytes")
+            smem = simple_smem_bytes(g.head_size, g.v_head_size)
+            expect(smem <= caps.max_shared_per_block_optin,
+                   f"{OP}: head_size {g.head_size} / v_head_size {g.v_head_size} need {smem} bytes "
+                   f"of shared memory on the simple path; the device allows "
+                   f"{caps.max_shared_per_block_optin}")
             return PagedPlan("simple", 0, rows, 1, 0, 0)
         # Row blocks: sequence b owns [G(b), G(b+1)), G(b) = floor(cu[b]*H/64) + (H%64 ? b : 0).
         extra = g.batch if g.heads % MLA_ROWS else 0
         grid_x = rows // MLA_ROWS + extra
-        splits = self.num_splits or self._auto_splits(g, grid_x, block_n, None, caps)
+        splits = self.num_splits or self._auto_splits(g, grid_x, block_n, None, caps, path)
         if meta is not None and not self.num_splits:
             # Metadata may only lower the count, so the shapes-only workspace always suffices.
-            splits = min(splits, self._auto_splits(g, grid_x, block_n, meta, caps))
+            splits = min(splits, self._auto_splits(g, grid_x, block_n, meta, caps, path))
         lse_off, ws = workspace_layout(rows, g.v_head_size, splits)
-        return PagedPlan("mla", block_n, grid_x, splits, lse_off, ws)
+        return PagedPlan(path, block_n, grid_x, splits, lse_off, ws)
 
     def _auto_splits(self, g: PagedGeometry, grid_x: int, block_n: int, meta: np.ndarray | None,
-                     caps: Any) -> int:
+                     caps: Any, path: str = "mla") -> int:
         max_q, max_kv = g.tokens, g.max_blocks * g.block_size
         if meta is not None:
             max_q, max_kv = min(max_q, int(meta[0])), min(max_kv, int(meta[1]))
@@ -574,7 +641,7 @@ class PagedAttentionKernel:
         tiles = -(-max(span, 1) // block_n) + (1 if self.attrs.window >= 0 else 0)
         row_blocks = min(grid_x, g.batch * -(-max(max_q, 1) * g.heads // MLA_ROWS))
         rows = min(g.tokens, g.batch * max(max_q, 1)) * g.heads
-        return choose_splits(row_blocks, tiles, int(caps.sm_count), rows, g.v_head_size)
+        return choose_splits(row_blocks, tiles, int(caps.sm_count), rows, g.v_head_size, path=path)
 
     # -- execution -----------------------------------------------------------------------
     def execute(self, inputs: Sequence[Any], outputs: Sequence[TensorMut],
@@ -645,30 +712,38 @@ class PagedAttentionKernel:
         rope = [i32(g.rotary_dim), i32(a.rotary_offset), i32(g.max_pos), i32(int(a.interleaved)),
                 i32(rot)]
         small = _small_variant()
-        rt.launch(self._fn(small, f"paged_write_{sfx}"), (g.tokens, 1, 1), (WRITE_THREADS, 1, 1),
-                  [key.ptr, cos_p, sin_p, slot.ptr, cu.ptr, past.ptr, kc.ptr, latch,
-                   i32(g.tokens), i32(g.batch), i32(g.head_size), i32(g.num_blocks * g.block_size),
-                   *rope])
+        if "write" in self._phases:
+            rt.launch(self._fn(small, f"paged_write_{sfx}"), (g.tokens, 1, 1),
+                      (WRITE_THREADS, 1, 1),
+                      [key.ptr, cos_p, sin_p, slot.ptr, cu.ptr, past.ptr, kc.ptr, latch,
+                       i32(g.tokens), i32(g.batch), i32(g.head_size),
+                       i32(g.num_blocks * g.block_size), *rope])
         common = [i32(g.num_blocks), i32(g.block_size), i32(g.max_blocks), *rope, f32(g.scale),
                   f32(a.softcap), i32(a.window)]
         if p.path == "simple":
-            smem = (g.head_size + 4 * g.v_head_size + 8) * 4
+            smem = simple_smem_bytes(g.head_size, g.v_head_size)
             rt.launch(self._fn(small, f"paged_simple_{sfx}"), (g.tokens * g.heads, 1, 1),
                       (SIMPLE_THREADS, 1, 1),
                       [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, latch,
                        i32(g.tokens), i32(g.heads), i32(g.batch), i32(g.head_size),
                        i32(g.v_head_size), *common], shared_mem=smem)
             return
-        mla = _mla_variant(g.dtype, p.block_n)
+        mla = _mla_variant(g.dtype, p.block_n if p.path == "mla" else 64)
         ws_o, ws_lse = (ws.ptr, ws.ptr + p.ws_lse_offset) if ws is not None and p.splits > 1 \
             else (0, 0)
-        rt.launch(self._fn(mla, "paged_mla_fwd"), (p.grid_x, p.splits, 1), (MLA_THREADS, 1, 1),
-                  [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o, ws_lse,
-                   latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.splits)],
-                  shared_mem=mla_smem_bytes(p.block_n, g.head_size))
-        if p.splits > 1:
+        if "read" in self._phases:
+            if p.path == "wg":
+                fn, smem = self._fn(_wg_variant(g.dtype), "paged_mla_wg_fwd"), \
+                    mla_wg_smem_bytes(g.head_size)
+            else:
+                fn, smem = self._fn(mla, "paged_mla_fwd"), mla_smem_bytes(p.block_n, g.head_size)
+            rt.launch(fn, (p.grid_x, p.splits, 1), (MLA_THREADS, 1, 1),
+                      [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o, ws_lse,
+                       latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.splits)],
+                      shared_mem=smem)
+        if p.splits > 1 and "combine" in self._phases:
             rows = g.tokens * g.heads
-            rt.launch(self._fn(mla, "paged_mla_combine"), (-(-rows // 4), 1, 1), (128, 1, 1),
+            rt.launch(self._fn(mla, "paged_mla_combine"), (rows, 1, 1), (COMBINE_THREADS, 1, 1),
                       [ws_o, ws_lse, out.ptr, i32(rows), i32(p.splits)])
 
 
@@ -684,7 +759,14 @@ def _mla_variant(dtype: DataType, block_n: int, shape: tuple[int, int] = MLA_SHA
                     "PA_HS": shape[0], "PA_VHS": shape[1]})
 
 
+def _wg_variant(dtype: DataType, shape: tuple[int, int] = MLA_SHAPES[0]) -> Variant:
+    return Variant("paged_mla_wg.cu", ("paged_mla_wg_fwd",),
+                   {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
+                    "PA_VHS": shape[1]}, min_arch=90, arch_suffix="a")
+
+
 def compile_variants() -> list[Variant]:
     """Every (file, defines, entries) this op may launch."""
     return [_small_variant()] + [_mla_variant(dt, bn, sh) for sh in MLA_SHAPES
-                                 for dt in SUPPORTED for bn in MLA_TILES]
+                                 for dt in SUPPORTED for bn in MLA_TILES] + \
+        [_wg_variant(dt, sh) for sh in MLA_SHAPES for dt in SUPPORTED]

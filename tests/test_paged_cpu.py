@@ -343,7 +343,13 @@ def _decode_metas(B: int, L: int, H: int = 128, bs: int = 64, dtype=BF16) -> lis
 
 
 def _mla_kernel(H: int = 128, **kw) -> PagedAttentionKernel:
+    kw.setdefault("path", "mla")  # these tests plan the mma.sync kernel; auto is tested below
     return PagedAttentionKernel(None, make_node(H, vhs=512, scale=0.07), **kw)
+
+
+def test_plan_auto_takes_the_wgmma_kernel_on_compute_capability_9_0():
+    p = _mla_kernel(path="auto").plan(_decode_metas(128, 8192))
+    assert (p.path, p.block_n) == ("wg", 64)
 
 
 def test_plan_decode_large_batch_does_not_split():
@@ -382,10 +388,10 @@ def test_plan_rows_of_several_tokens_per_cta():
 def test_plan_paths():
     assert _mla_kernel(path="simple").plan(_decode_metas(2, 100)).path == "simple"
     assert _mla_kernel(path="mla32").plan(_decode_metas(2, 100)).block_n == 32
-    assert _mla_kernel().plan(_decode_metas(2, 100), aligned=False).path == "simple"
+    assert _mla_kernel(path="auto").plan(_decode_metas(2, 100), aligned=False).path == "simple"
     forced = _mla_kernel(num_splits=3).plan(_decode_metas(2, 100))
     assert forced.splits == 3 and forced.ws_bytes == pa.workspace_layout(256, 512, 3)[1]
-    a100 = _mla_kernel()
+    a100 = _mla_kernel(path="auto")
     a100._caps = lambda: SimpleNamespace(sm_count=108, max_shared_per_block_optin=166912)
     assert a100.plan(_decode_metas(2, 100)).block_n == 32
     small = PagedAttentionKernel(None, make_node(4, vhs=64, scale=0.1), path="mla")
@@ -397,7 +403,7 @@ def test_plan_paths():
     empty[0] = TensorMetadata(BF16, (0, 128 * 576))
     empty[1] = TensorMetadata(BF16, (0, 576))
     empty[10] = TensorMetadata(DataType.INT32, (0,))
-    assert _mla_kernel().plan(empty).path == "none"
+    assert _mla_kernel(path="auto").plan(empty).path == "none"
 
 
 def test_mla_tile_fits_shared_memory():
@@ -410,8 +416,31 @@ def test_choose_splits():
     assert pa.choose_splits(64, 128, 132, 4096) == 2      # B=32: one wave of 128 CTAs
     s = pa.choose_splits(2, 512, 132, 128)                # B=1, 32k keys: fill the GPU
     assert 2 * s <= 132 and s >= 32
-    assert pa.choose_splits(2, 64, 132, 128) < pa.choose_splits(2, 512, 132, 128)
+    assert pa.choose_splits(2, 16, 132, 128) < pa.choose_splits(2, 512, 132, 128)
     assert pa.choose_splits(2, 1, 132, 128) == 1
+    for path in pa.SPLIT_COST:  # the wgmma path's cheaper tiles never split a full grid
+        assert pa.choose_splits(256, 128, 132, 16384, path=path) == 1
+        assert 2 * pa.choose_splits(2, 128, 132, 128, path=path) <= 132
+
+
+def test_plan_wgmma_path():
+    k = _mla_kernel(path="wg")
+    p = k.plan(_decode_metas(1, 8192))
+    assert (p.path, p.block_n, p.grid_x) == ("wg", 64, 2) and p.splits > 1
+    assert (p.ws_lse_offset, p.ws_bytes) == pa.workspace_layout(128, 512, p.splits)
+    assert k.workspace_requirement(_decode_metas(1, 8192)).nbytes == p.ws_bytes
+    assert k.plan(_decode_metas(128, 8192)).splits == 1
+    assert pa.mla_wg_smem_bytes() <= 232448  # sm_90 opt-in
+    a100 = _mla_kernel(path="wg")
+    a100._caps = lambda: SimpleNamespace(sm_count=108, max_shared_per_block_optin=166912,
+                                         compute_capability=(8, 0))
+    with pytest.raises(KernelError, match="path='wg'"):
+        a100.plan(_decode_metas(2, 100))
+    with pytest.raises(KernelError, match="path='wg'"):
+        k.plan(_decode_metas(2, 100), aligned=False)
+    small = PagedAttentionKernel(None, make_node(4, vhs=64, scale=0.1), path="wg")
+    with pytest.raises(KernelError, match="path='wg'"):
+        small.plan(metas(make_case(np.random.default_rng(0), H=4)))
 
 
 # --------------------------------------------------------------------------- reference
@@ -494,7 +523,9 @@ def test_every_variant_compiles_for_sm80_and_sm90():
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(build, jobs))
-    assert len(results) == 2 * len(pa.compile_variants())
+    variants = pa.compile_variants()
+    assert len(results) == sum(2 if v.min_arch <= 80 else 1 for v in variants)
+    assert any(v.arch_suffix == "a" and v.min_arch == 90 for v in variants)  # the wgmma path
     for v, arch, r in results:
         assert r.cubin.startswith(b"\x7fELF"), (v, arch)
         for e in v.entries:

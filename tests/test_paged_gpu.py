@@ -276,3 +276,86 @@ def test_dtype_mismatch_is_refused_before_launch(ledger, rng):
         bad.free()
     finally:
         bound.free()
+
+
+# --------------------------------------------------------------------------- wgmma (path="wg")
+# The opt-in sm_90a path runs in a child process with its own CUDA context: until it has been
+# measured on the H200, a device fault there must not poison the session's runtime (and with
+# it every GPU test after this file).
+WG_CASES = {
+    "decode-bf16-half-rope": dict(dtype=BF16, rope="half", q_lens=(1, 1, 1),
+                                  past_lens=(0, 37, 700)),
+    "prefill-f16-interleaved-softcap-window": dict(dtype=F16, rope="interleaved", offset=500,
+                                                   softcap=30.0, bs=32, window=40,
+                                                   q_lens=(9, 3), past_lens=(60, 0)),
+    "prefill-bf16-h16-rows-span-tokens": dict(H=16, dtype=BF16, rope="half", bs=16,
+                                              q_lens=(37, 5, 1), past_lens=(0, 70, 129)),
+    "decode-bf16-split": dict(dtype=BF16, rope="half", q_lens=(1,), past_lens=(2900,)),
+}
+
+
+def _wg_child() -> None:
+    """Child-process body of test_wgmma_path: every case on a fresh runtime; raises on failure."""
+    import zlib
+
+    import nxrt
+
+    rt = nxrt.CudaRuntime(0)
+    before = rt.memory_stats().live_bytes
+    failures = []
+
+    def case(name, fn):
+        try:
+            fn(np.random.default_rng(zlib.crc32(name.encode())))
+            print(f"wg {name}: ok", flush=True)
+        except Exception as exc:  # keep going: report every failing case
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            print(f"wg {name}: FAILED {exc}", flush=True)
+
+    def plain(kw):
+        def fn(rng):
+            c = make_case(rng, **{**MLA, **kw})
+            out, cache, plan = run(rt, c, path="wg")
+            assert plan.path == "wg" and plan.block_n == 64, plan
+            check(c, out, cache)
+            rt.latch.check()
+        return fn
+
+    for name, kw in WG_CASES.items():
+        case(name, plain(kw))
+
+    def forced_splits(rng):
+        p = make_case(rng, **{**MLA, "H": 64}, dtype=F16, q_lens=(30, 2), past_lens=(3, 400))
+        out, cache, plan = run(rt, p, path="wg", num_splits=5)
+        assert plan.splits == 5
+        check(p, out, cache)
+        rt.latch.check()
+
+    def out_of_range(rng):
+        bad = make_case(rng, **{**MLA, "H": 16}, dtype=BF16, q_lens=(2, 1), past_lens=(100, 70))
+        bad.inputs[7] = bad.inputs[7].copy()
+        bad.inputs[7][0, 0] = bad.nb + 5
+        bad.inputs[7][1, 1] = -7
+        out, cache, _ = run(rt, bad, path="wg")
+        assert rt.latch.read(clear=True) & PAGED_BLOCK_OUT_OF_RANGE
+        check(bad, out, cache, strict=False)
+
+    case("forced-splits-prefill", forced_splits)
+    case("out-of-range-ids", out_of_range)
+    rt.synchronize()
+    leaked = rt.memory_stats().live_bytes - before
+    rt.close()
+    assert not failures and leaked == 0, f"{failures}; leaked {leaked} bytes"
+
+
+def test_wgmma_path_in_child_process(rt):
+    if tuple(rt.capabilities.compute_capability) != (9, 0):
+        pytest.skip("path='wg' (sm_90a wgmma) needs compute capability 9.0")
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", "from tests.test_paged_gpu import _wg_child; _wg_child()"],
+                       cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"child exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

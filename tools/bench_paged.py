@@ -10,10 +10,18 @@ SDPA with an explicit bottom-right causal mask.
 
 Our op is timed as CUDA-graph replays of the whole op (write + attention + combine), several
 per timed region, so host-side validation is not in the number; the torch peer runs eagerly.
+Where one case's latent cache would sit in L2 (B=1), several copies of the inputs are
+replayed in turn so that every replay reads HBM, as one layer of a real decode step does.
+With ``NXRT_BENCH_PAGED_WG=1`` on compute capability 9.0 each decode case gets a second row
+for the opt-in wgmma path (``path="wg"``, case suffix ``path=wg``) against the copy bandwidth;
+off by default until tools/sweep_paged.py (which isolates it in a child process) has shown it
+correct on the H200, since a device fault would poison the rest of the bench.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
 import numpy as np
@@ -39,7 +47,8 @@ class _CAI:
 class _Case:
     """Device inputs of one paged decode/prefill problem, filled on the device."""
 
-    def __init__(self, ctx: BenchContext, B: int, q_len: int, past: int, seed: int = 0) -> None:
+    def __init__(self, ctx: BenchContext, B: int, q_len: int, past: int, seed: int = 0,
+                 path: str = "auto") -> None:
         rt, rng = ctx.rt, np.random.default_rng(seed)
         self.ctx, self.B, self.q_len, self.past = ctx, B, q_len, past
         self.T, self.L = B * q_len, past + q_len
@@ -65,7 +74,7 @@ class _Case:
                           "v_head_size": VHS, "scale": SCALE},
                          ["q", "k", None, "kc", None, "cu", "past", "bt", None, None, "slot"],
                          ["out"])
-        self.kernel = PagedAttentionFactory(rt).create(self.node, [])
+        self.kernel = PagedAttentionFactory(rt, path=path).create(self.node, [])
         req = self.kernel.workspace_requirement(self.views())
         self.ws = DeviceArray(rt, (req.nbytes,), np.uint8) if req.nbytes else None
         self.graph: Any = None
@@ -91,21 +100,17 @@ class _Case:
         ws = WorkspaceView(self.ws.ptr, self.ws.nbytes) if self.ws is not None else None
         self.kernel.execute(self.views(), [self.out.mut()], ws)
 
-    def time_ms(self) -> float:
+    def capture(self) -> Any:
         rt = self.ctx.rt
         self.run()  # warm the signature
         rt.synchronize()
         with rt.capture() as g:
             self.run()
         self.graph = g
+        return g
 
-        def replays() -> None:
-            for _ in range(INNER):
-                g.replay()
-
-        ms = self.ctx.time_ours(replays, warmup=2, reps=10) / INNER
-        rt.latch.check()
-        return ms
+    def time_ms(self) -> float:
+        return _time_graphs(self.ctx, [self.capture()])
 
     def torch_reference(self) -> Any:
         """Gather + bmm + softmax + bmm on the same buffers (decode and prefill)."""
@@ -132,28 +137,60 @@ class _Case:
             a.free()
 
 
+def _time_graphs(ctx: BenchContext, graphs: list) -> float:
+    """Milliseconds per replay, replaying ``graphs`` in turn (INNER rounds per timed region)."""
+
+    def replays() -> None:
+        for _ in range(INNER):
+            for g in graphs:
+                g.replay()
+
+    ms = ctx.time_ours(replays, warmup=2, reps=10) / (INNER * len(graphs))
+    ctx.rt.latch.check()
+    return ms
+
+
 def _decode_rows(ctx: BenchContext, B: int, L: int) -> list[dict]:
-    c = _Case(ctx, B, 1, L - 1)
-    try:
-        ms = c.time_ms()
-        kv_bytes = B * L * HS * 2
-        gbps = kv_bytes / ms / 1e6
-        flops = 2.0 * B * H * L * (HS + VHS)
-        copy = ctx.ceilings.get("copy_GBps")
-        case = f"decode bf16 B{B} H{H} L{L} d{HS}/{VHS} bs{BS}"
-        extra = {"ms": round(ms, 4), "TFLOPs": round(flops / ms / 1e9, 1),
-                 "splits": c.kernel.last_plan.splits}
-        rows = [row("paged", case, "GB/s", gbps, "copy-bandwidth", copy,
-                    of_ceiling=None if not copy else round(gbps / copy, 3), **extra)]
-        if ctx.torch is not None:
-            t_ms = ctx.time_torch(c.torch_reference(), warmup=2, reps=5)
-            rows.append(row("paged", case, "GB/s", gbps, "torch-gather-bmm", kv_bytes / t_ms / 1e6,
-                            **extra))
-        ctx.log(f"{case}: {ms:.3f} ms, {gbps:.0f} GB/s, {extra['TFLOPs']} TFLOP/s, "
-                f"splits {extra['splits']}")
-        return rows
-    finally:
-        c.free()
+    kv_bytes = B * L * HS * 2
+    # Copies of the inputs so that the latent caches replayed in turn exceed L2 three times.
+    n_sets = int(min(8, max(1, math.ceil(3 * ctx.rt.capabilities.l2_bytes / kv_bytes))))
+    flops = 2.0 * B * H * L * (HS + VHS)
+    copy = ctx.ceilings.get("copy_GBps")
+    case = f"decode bf16 B{B} H{H} L{L} d{HS}/{VHS} bs{BS}"
+    wg = os.environ.get("NXRT_BENCH_PAGED_WG") == "1" and \
+        tuple(ctx.rt.capabilities.compute_capability) == (9, 0)
+    paths = ["auto"] + (["wg"] if wg else [])
+    rows: list[dict] = []
+    for path in paths:
+        cases: list[_Case] = []
+        try:
+            for i in range(n_sets):
+                cases.append(_Case(ctx, B, 1, L - 1, seed=i, path=path))
+            ms = _time_graphs(ctx, [c.capture() for c in cases])
+            gbps = kv_bytes / ms / 1e6
+            c = cases[0]
+            extra = {"ms": round(ms, 4), "TFLOPs": round(flops / ms / 1e9, 1),
+                     "splits": c.kernel.last_plan.splits, "path": c.kernel.last_plan.path,
+                     "input_sets": n_sets}
+            name = case if path == "auto" else f"{case} path={path}"
+            rows.append(row("paged", name, "GB/s", gbps, "copy-bandwidth", copy,
+                            of_ceiling=None if not copy else round(gbps / copy, 3), **extra))
+            if ctx.torch is not None and path == "auto":
+                t_ms = ctx.time_torch(c.torch_reference(), warmup=2, reps=5)
+                rows.append(row("paged", name, "GB/s", gbps, "torch-gather-bmm",
+                                kv_bytes / t_ms / 1e6, **extra))
+            ctx.log(f"{name}: {ms:.4f} ms, {gbps:.0f} GB/s, {extra['TFLOPs']} TFLOP/s, "
+                    f"splits {extra['splits']}, {n_sets} input set(s)")
+        except Exception as exc:  # the opt-in path must not hide the default's rows
+            if path == "auto":
+                raise
+            ctx.log(f"{case} path={path}: FAILED: {type(exc).__name__}: {exc}")
+            rows.append(row("paged", f"{case} path={path}", "error", 0, type(exc).__name__, None,
+                            error=str(exc)[:300]))
+        finally:
+            for c in cases:
+                c.free()
+    return rows
 
 
 def _prefill_rows(ctx: BenchContext, B: int, q_len: int, past: int) -> list[dict]:

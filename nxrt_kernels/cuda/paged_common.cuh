@@ -125,6 +125,108 @@ __device__ __forceinline__ int locate_seq(const int* __restrict__ cu, int B, lon
   return ans;
 }
 
+__device__ __forceinline__ long long floor_div(long long a, long long b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// Row setup shared by the MLA read kernels (paged_mla.cu, paged_mla_wg.cu). A CTA owns row
+// block x: M (token, head) rows of ONE sequence, token-major. Sequence b owns row blocks
+// [G(b), G(b+1)), G(b) = floor(cu[b] * H / M) + (H % M ? b : 0), which always holds its
+// ceil(q_len * H / M) blocks, so no host readback is needed; surplus CTAs get -1.
+// Fills sRowP (last key a row sees, -1: none), sRowLo (first key), sRowOut (t * H + h, or -1)
+// for the M rows, and the CTA's key range [key_lo, key_hi] (empty: key_hi < key_lo).
+// Every thread of the CTA must call it (it has barriers); needs blockDim.x >= M.
+// Returns the sequence, or -1 for a surplus CTA (the same value in every thread).
+template <int M>
+__device__ int mla_rows(const int* __restrict__ cu, const int* __restrict__ past,
+                        unsigned* __restrict__ latch, int n_tokens, int H, int B, int x,
+                        int max_blocks, int block_size, int max_pos, int do_rotary, int window,
+                        int* sMisc, int* sRowP, int* sRowLo, int* sRowOut, int& key_lo,
+                        int& key_hi) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int extra = (H % M) ? 1 : 0;
+  // Which sequence owns row block x (every thread tests a few b in parallel).
+  if (tid == 0) sMisc[0] = -1;
+  __syncthreads();
+  for (int base = 0; base < B; base += blockDim.x) {
+    const int b = base + tid;
+    if (b < B) {
+      const long long c0 = cu[b], c1 = cu[b + 1];
+      if (c0 >= 0 && c0 <= c1 && c1 <= n_tokens) {
+        const long long g0 = floor_div(c0 * H, M) + (long long)extra * b;
+        const long long g1 = floor_div(c1 * H, M) + (long long)extra * (b + 1);
+        if (g0 <= x && x < g1) atomicMax(&sMisc[0], b);
+      }
+    }
+  }
+  __syncthreads();
+  const int b = sMisc[0];
+  if (b < 0) return -1;  // surplus CTA (uniform)
+  const int c0 = cu[b];
+  const long long q_rows = (long long)(cu[b + 1] - c0) * H;
+  const long long local_block = x - (floor_div((long long)c0 * H, M) + (long long)extra * b);
+  const int past_b = past[b];
+  // Per-row token, position and key range.
+  if (tid < M) {
+    const long long R = local_block * M + tid;
+    int p = -1, lo = 0, orow = -1;
+    if (R < q_rows) {
+      const int tq_ = (int)(R / H), h = (int)(R % H);
+      orow = (c0 + tq_) * H + h;
+      const long long pos = (long long)past_b + tq_;
+      if (do_rotary && (pos < 0 || pos >= max_pos)) {
+        atomicOr(latch, PA_LATCH_POSITION);
+      } else if (pos >= 0) {
+        // Keys past the table (j >= max_blocks * block_size) can only latch; stopping at the
+        // first of them keeps every key index far from int overflow.
+        p = (int)min(pos, (long long)max_blocks * block_size);
+        lo = window >= 0 ? max(0, p - window) : 0;
+      }
+    }
+    sRowP[tid] = p;
+    sRowLo[tid] = lo;
+    sRowOut[tid] = orow;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    // Key range of the CTA: union of the rows' [lo, p].
+    int klo = 0x7fffffff, khi = -1;
+    for (int r = lane; r < M; r += 32) {
+      if (sRowP[r] >= sRowLo[r]) {
+        klo = min(klo, sRowLo[r]);
+        khi = max(khi, sRowP[r]);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      klo = min(klo, __shfl_xor_sync(0xffffffffu, klo, o));
+      khi = max(khi, __shfl_xor_sync(0xffffffffu, khi, o));
+    }
+    if (lane == 0) {
+      sMisc[1] = klo;
+      sMisc[2] = khi;
+    }
+  }
+  __syncthreads();
+  key_lo = sMisc[1];
+  key_hi = sMisc[2];
+  return b;
+}
+
+// Tiles [tile_begin, tile_begin + n_tiles) of BN keys that split `split` of `num_splits`
+// covers in the key range [key_lo, key_hi] (n_tiles = 0: none).
+__device__ __forceinline__ void split_tiles(int key_lo, int key_hi, int bn, int split,
+                                            int num_splits, int& tile_begin, int& n_tiles) {
+  tile_begin = 0;
+  n_tiles = 0;
+  if (key_hi >= key_lo) {
+    const int t_lo = key_lo / bn, t_hi = key_hi / bn;
+    const int chunk = (t_hi - t_lo + 1 + num_splits - 1) / num_splits;
+    tile_begin = t_lo + split * chunk;
+    n_tiles = max(0, min(tile_begin + chunk, t_hi + 1) - tile_begin);
+  }
+}
+
 // Channel d of a head row (x points at the row) after partial RoPE at absolute position pos;
 // channels outside [off, off + rd) pass through. Half-split pairs (i, i + rd/2), interleaved
 // pairs (2i, 2i + 1); the first of a pair gets x*c - partner*s, the second x*c + partner*s.

@@ -87,10 +87,6 @@ __device__ __forceinline__ int p_off(int r, int c) {
   return BN == 64 ? r * BN + ((c ^ (r & 7)) << 3) : r * BN + ((c ^ ((r >> 1) & 3)) << 3);
 }
 
-__device__ __forceinline__ long long floor_div(long long a, long long b) {
-  return a >= 0 ? a / b : -((-a + b - 1) / b);
-}
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
@@ -122,80 +118,15 @@ paged_mla_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ key_c
   const int g = lane >> 2, tq = lane & 3;
   const int x = blockIdx.x;
   const int split = blockIdx.y;
-  const int extra = (H % M) ? 1 : 0;
 
-  // ---- 1. Which sequence owns row block x (every thread tests a few b in parallel).
-  if (tid == 0) sMisc[0] = -1;
-  __syncthreads();
-  for (int base = 0; base < B; base += NTHREADS) {
-    const int b = base + tid;
-    if (b < B) {
-      const long long c0 = cu[b], c1 = cu[b + 1];
-      if (c0 >= 0 && c0 <= c1 && c1 <= n_tokens) {
-        const long long g0 = floor_div(c0 * H, M) + (long long)extra * b;
-        const long long g1 = floor_div(c1 * H, M) + (long long)extra * (b + 1);
-        if (g0 <= x && x < g1) atomicMax(&sMisc[0], b);
-      }
-    }
-  }
-  __syncthreads();
-  const int b = sMisc[0];
+  // ---- 1-2. Sequence of row block x, per-row positions and key ranges (paged_common.cuh).
+  int key_lo, key_hi;
+  const int b = pa::mla_rows<M>(cu, past, latch, n_tokens, H, B, x, max_blocks, block_size,
+                                max_pos, do_rotary, window, sMisc, sRowP, sRowLo, sRowOut,
+                                key_lo, key_hi);
   if (b < 0) return;  // surplus CTA (uniform)
-  const int c0 = cu[b];
-  const long long q_rows = (long long)(cu[b + 1] - c0) * H;
-  const long long local_block = x - (floor_div((long long)c0 * H, M) + (long long)extra * b);
-  const int past_b = past[b];
-
-  // ---- 2. Per-row token, position and key range.
-  if (tid < M) {
-    const long long R = local_block * M + tid;
-    int p = -1, lo = 0, orow = -1;
-    if (R < q_rows) {
-      const int tq_ = (int)(R / H), h = (int)(R % H);
-      orow = (c0 + tq_) * H + h;
-      const long long pos = (long long)past_b + tq_;
-      if (do_rotary && (pos < 0 || pos >= max_pos)) {
-        atomicOr(latch, PA_LATCH_POSITION);
-      } else if (pos >= 0) {
-        // Keys past the table (j >= max_blocks * block_size) can only latch; stopping at the
-        // first of them keeps every key index far from int overflow.
-        p = (int)min(pos, (long long)max_blocks * block_size);
-        lo = window >= 0 ? max(0, p - window) : 0;
-      }
-    }
-    sRowP[tid] = p;
-    sRowLo[tid] = lo;
-    sRowOut[tid] = orow;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    // Key range of the CTA: union of the rows' [lo, p].
-    int klo = 0x7fffffff, khi = -1;
-    for (int r = lane; r < M; r += 32) {
-      if (sRowP[r] >= sRowLo[r]) {
-        klo = min(klo, sRowLo[r]);
-        khi = max(khi, sRowP[r]);
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      klo = min(klo, __shfl_xor_sync(0xffffffffu, klo, o));
-      khi = max(khi, __shfl_xor_sync(0xffffffffu, khi, o));
-    }
-    if (lane == 0) {
-      sMisc[1] = klo;
-      sMisc[2] = khi;
-    }
-  }
-  __syncthreads();
-  const int key_lo = sMisc[1], key_hi = sMisc[2];
-  int tile_begin = 0, n_tiles = 0;
-  if (key_hi >= key_lo) {
-    const int t_lo = key_lo / BN, t_hi = key_hi / BN;
-    const int chunk = (t_hi - t_lo + 1 + num_splits - 1) / num_splits;
-    tile_begin = t_lo + split * chunk;
-    n_tiles = max(0, min(tile_begin + chunk, t_hi + 1) - tile_begin);
-  }
+  int tile_begin, n_tiles;
+  pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
 
   // This thread's four rows (mt, half) in the mma C layout.
   int my_p[2][2], my_lo[2][2];
@@ -485,15 +416,24 @@ paged_mla_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ key_c
     }
 }
 
-// One warp per output row (t * H + h): weights 2^(lse_s - max), normalised.
-extern "C" __global__ void __launch_bounds__(128)
+// One CTA of 128 threads per output row (t * H + h); thread i owns columns 4i + 512k. The
+// split weights 2^(lse_s - max) / sum are staged in shared memory 64 splits at a time, and the
+// split loop is unrolled so that each thread has several 16-byte partial loads in flight (the
+// partials were just written and mostly sit in L2: this kernel is latency-bound, not
+// bandwidth-bound). A split that saw no key has lse = -inf, weight 0 and a zero partial.
+constexpr int COMBINE_THREADS = 128;
+constexpr int COMBINE_CHUNK = 64;
+
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_lse,
                   elem_t* __restrict__ out, int rows, int num_splits) {
   typedef pa::Num<elem_t> N;
-  const int lane = threadIdx.x & 31;
-  const long long row = (long long)blockIdx.x * 4 + (threadIdx.x >> 5);
-  if (row >= rows) return;
+  __shared__ float sw[COMBINE_CHUNK];
+  const int tid = threadIdx.x, lane = tid & 31;
+  const long long row = blockIdx.x;
+  if (row >= rows) return;  // uniform
   const float* lse = ws_lse + row * num_splits;
+  // Max and sum of 2^lse, computed redundantly by every warp (no barrier needed).
   float mx = PA_NEG_INF;
   for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse[s]);
 #pragma unroll
@@ -507,23 +447,41 @@ paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_l
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   const float* po = ws_o + row * num_splits * (long long)VHS;
   elem_t* dst = out + row * VHS;
-  for (int d = 4 * lane; d < VHS; d += 128) {
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (mx != PA_NEG_INF) {
-      for (int s = 0; s < num_splits; ++s) {
-        const float w = exp2f(lse[s] - mx);
-        if (w > 0.0f) {  // a split that saw no key has w = 0 (and O = 0)
-          const float4 v = *reinterpret_cast<const float4*>(po + (long long)s * VHS + d);
-          acc.x += w * v.x;
-          acc.y += w * v.y;
-          acc.z += w * v.z;
-          acc.w += w * v.w;
+  constexpr int NCOL = (VHS + 4 * COMBINE_THREADS - 1) / (4 * COMBINE_THREADS);
+  float4 acc[NCOL];
+#pragma unroll
+  for (int k = 0; k < NCOL; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s0 = 0; s0 < num_splits; s0 += COMBINE_CHUNK) {
+    const int ns = min(COMBINE_CHUNK, num_splits - s0);
+    __syncthreads();  // the previous chunk's weights are no longer read
+    if (tid < ns) sw[tid] = mx != PA_NEG_INF ? exp2f(lse[s0 + tid] - mx) * inv : 0.0f;
+    __syncthreads();
+#pragma unroll 8
+    for (int s = 0; s < ns; ++s) {
+      const float w = sw[s];
+      const float* src = po + (long long)(s0 + s) * VHS;
+#pragma unroll
+      for (int k = 0; k < NCOL; ++k) {
+        const int d = 4 * tid + 4 * COMBINE_THREADS * k;
+        // w == 0: skip the load (uniform per split), so nothing but weighted partials counts.
+        if (d < VHS && w != 0.0f) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(src + d));
+          acc[k].x += w * v.x;
+          acc[k].y += w * v.y;
+          acc[k].z += w * v.z;
+          acc[k].w += w * v.w;
         }
       }
     }
-    uint2 packed;
-    packed.x = N::pack2(acc.x * inv, acc.y * inv);
-    packed.y = N::pack2(acc.z * inv, acc.w * inv);
-    *reinterpret_cast<uint2*>(dst + d) = packed;
+  }
+#pragma unroll
+  for (int k = 0; k < NCOL; ++k) {
+    const int d = 4 * tid + 4 * COMBINE_THREADS * k;
+    if (d < VHS) {
+      uint2 packed;
+      packed.x = N::pack2(acc[k].x, acc[k].y);
+      packed.y = N::pack2(acc[k].z, acc[k].w);
+      *reinterpret_cast<uint2*>(dst + d) = packed;
+    }
   }
 }
