@@ -1,0 +1,708 @@
+"""``pkg.nxrt::Attention``: scaled-dot-product / grouped-query attention.
+
+``O = softmax(softcap(scale · Q Kᵀ) + mask, keys) · V`` with Q [B, H, Sq, D], K and V
+[B, Hkv, Sk, D], an optional additive mask of Q's dtype holding 1, B or B·H [Sq, Sk] planes,
+and the output [B, H, Sq, D]; f32, f16, bf16. Query i sits at position ``p = Sk - Sq + i``
+(bottom-right alignment); with ``causal`` it sees keys ``j <= p``, with
+``local_window_size = w >= 0`` keys with ``p - j <= w``. A row that sees no key gives zeros.
+Head ``h`` reads KV head ``h // (H / Hkv)``; K and V are never expanded.
+
+Paths
+-----
+``tc``
+    Fused, tensor cores (f16/bf16; ``cuda/attention_fused_tc.cu``): FlashAttention-2 style,
+    64 packed query rows per CTA, mma.sync + ldmatrix + double-buffered cp.async, online
+    softmax in registers. Needs D % 8 == 0, D <= 256, 16-byte aligned pointers and B/H/S
+    strides that are multiples of 8 elements.
+``simt``
+    Fused, CUDA cores, fp32 math (``cuda/attention_fused_simt.cu``): the f32 path, and the
+    f16/bf16 fallback for what ``tc`` cannot read. Any D <= 256, any strides.
+``unfused``
+    ``S = scale · Q Kᵀ`` (f32) into the workspace, a masked softmax in place, then ``P V``
+    (``cuda/attention_gemm.cu``, ``cuda/attention_rows.cu``). Any D.
+
+GQA packing: the G = H / Hkv heads that share a KV head run in the same CTAs, row r of
+the G·Sq packed rows being query r // G of head r % G, so decode (Sq = 1) still has G rows.
+
+Split-KV: when the fused grid has fewer CTAs than the GPU has SMs (decode, small batches)
+the key range is split over ``splits`` CTAs per row tile; each writes an unnormalised f32
+partial O plus (max, sum) per row into the workspace and ``attn_combine`` merges them. That
+partial buffer is the fused path's only workspace: ``workspace_requirement`` is NONE for
+every fused call that does not split (all prefill shapes that fill the GPU) and exactly
+``split_layout(...)`` bytes otherwise. Called without a workspace, the fused path does not
+split (correct, slower; never allocates), so it is capture-safe either way.
+
+Path choice (``path="auto"``)
+-----------------------------
+1. D > 256 → ``unfused`` (the only path for such head dims).
+2. f16/bf16 with D % 8 == 0 and tensor-core-readable strides/pointers → ``tc``.
+3. otherwise → ``simt``.
+The fused paths read Q, K, V once per row tile and write O once, while ``unfused`` writes and
+reads B·H·Sq·Sk f32 scores three times and launches three kernels, so at every shape where a
+fused kernel applies it moves less memory: fused is never slower by construction, and the
+benchmarks (``tools/bench_attention.py``, row "nxrt-unfused") record the measured margin.
+``path="fused"`` forces the fused kernels (``tc`` where possible, else ``simt``),
+``path="simt"`` the CUDA-core fused kernel, ``path="unfused"`` the three-kernel path;
+``num_splits`` forces the split count (tests of the combine step).
+
+Capture: no path allocates, frees or synchronizes while the stream is capturing. The unfused
+path needs the executor's workspace then (without one it is a :class:`CaptureError`; eager
+calls without one allocate a buffer, synchronize and free it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from nxrt.api import (
+    CaptureSupport,
+    DataType,
+    Node,
+    TensorMetadata,
+    TensorMut,
+    TensorView,
+    WorkspaceRequirement,
+    WorkspaceView,
+)
+from nxrt.errors import CaptureError, KernelError
+
+from ._common import CTYPE, Variant, check_workspace, get_function
+
+__all__ = ["AttentionFactory", "AttentionKernel", "Attrs", "Dims", "Plan", "compile_variants",
+           "parse_attributes", "check_dims", "plan", "split_layout", "unfused_layout",
+           "choose_splits", "tc_head_dim", "tc_smem_bytes", "simt_smem_bytes"]
+
+OP = "pkg.nxrt::Attention"
+DOMAIN, OP_TYPE = "pkg.nxrt", "Attention"
+SUPPORTED = (DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16)
+INPUT_NAMES = ("Q", "K", "V", "mask")
+WS_ALIGN = 256
+PATHS = ("auto", "fused", "simt", "unfused")
+
+#: Tensor-core builds: padded head dim -> (warps per CTA, keys per tile). 16 rows per warp.
+TC_TILES: dict[int, tuple[int, int]] = {64: (4, 64), 80: (4, 64), 128: (4, 64), 256: (4, 32)}
+SIMT_DMAX = 256
+SIMT_ROWS, SIMT_KEYS, SIMT_THREADS = 32, 32, 256
+MAX_SPLITS = 64
+_I32 = 2**31 - 1
+_POS_MAX = 2**31 - 256  # int32 positions and row indices, with room for one tile past the end
+
+
+# --------------------------------------------------------------------------- attributes
+def _f32_finite(x: float) -> bool:
+    # The kernels take float32 scalars: 1e39 is finite in Python and inf on the device.
+    with np.errstate(over="ignore"):
+        return math.isfinite(x) and bool(np.isfinite(np.float32(x)))
+
+
+@dataclass(frozen=True)
+class Attrs:
+    """The node's attributes, validated."""
+
+    num_heads: int
+    kv_num_heads: int
+    causal: bool
+    scale: float | None  # None: 1/sqrt(D)
+    softcap: float
+    local_window_size: int
+
+
+def parse_attributes(node: Node) -> Attrs:
+    """Read and validate the attributes of an Attention node.
+
+    Raises
+    ------
+    KernelError
+        An attribute is missing, mistyped or out of range; the message names it.
+    """
+    def get(kind: str, name: str, default: Any = None) -> Any:
+        try:
+            return (node.attr_int if kind == "int" else node.attr_float)(
+                name, *(() if default is None else (default,)))
+        except (TypeError, ValueError) as exc:
+            raise KernelError(f"{OP}: attribute {name!r}: {exc}") from None
+
+    num_heads = get("int", "num_heads")
+    if num_heads <= 0:
+        raise KernelError(f"{OP}: attribute 'num_heads' = {num_heads}; expected a positive int")
+    kv = get("int", "kv_num_heads", num_heads)
+    if kv <= 0 or num_heads % kv:
+        raise KernelError(f"{OP}: attribute 'kv_num_heads' = {kv}; expected a positive divisor "
+                          f"of num_heads = {num_heads}")
+    causal = get("int", "causal", 0)
+    if causal not in (0, 1):
+        raise KernelError(f"{OP}: attribute 'causal' = {causal}; expected 0 or 1")
+    scale = get("float", "scale", math.nan) if node.has("scale") else None
+    if scale is not None and not (_f32_finite(scale) and np.float32(scale) > 0):
+        raise KernelError(f"{OP}: attribute 'scale' = {scale}; expected a value > 0 that is finite "
+                          "in float32 (omit it for 1/sqrt(head_dim))")
+    softcap = get("float", "softcap", 0.0)
+    if not (_f32_finite(softcap) and softcap >= 0):
+        raise KernelError(f"{OP}: attribute 'softcap' = {softcap}; expected a value >= 0 that is "
+                          "finite in float32 (0 disables it)")
+    window = get("int", "local_window_size", -1)
+    if window < -1:
+        raise KernelError(f"{OP}: attribute 'local_window_size' = {window}; expected -1 "
+                          "(disabled) or a window >= 0")
+    return Attrs(num_heads, kv, bool(causal), scale, softcap, window)
+
+
+# --------------------------------------------------------------------------- shapes
+@dataclass(frozen=True)
+class Dims:
+    """Problem sizes: batch, heads, kv heads, query/key lengths, head dim, mask planes."""
+
+    B: int
+    H: int
+    Hkv: int
+    Sq: int
+    Sk: int
+    D: int
+    mask_planes: int  # 0: no mask
+
+    @property
+    def group(self) -> int:
+        return self.H // self.Hkv
+
+    @property
+    def out_shape(self) -> tuple[int, int, int, int]:
+        return (self.B, self.H, self.Sq, self.D)
+
+    @property
+    def empty(self) -> bool:
+        return self.B * self.H * self.Sq * self.D == 0
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def check_dims(attrs: Attrs, q: Sequence[int], k: Sequence[int], v: Sequence[int],
+               mask: Sequence[int] | None = None, out: Sequence[int] | None = None) -> Dims:
+    """Validate the shapes of Q, K, V (and the mask and output when given).
+
+    Raises
+    ------
+    KernelError
+        A shape does not fit; the message names the input, its shape and the expectation.
+    """
+    q, k, v = tuple(q), tuple(k), tuple(v)
+    for name, idx, s in (("Q", 0, q), ("K", 1, k), ("V", 2, v)):
+        if len(s) != 4:
+            raise KernelError(f"{OP}: input {name} ({idx}) has shape {_fmt(s)} (rank {len(s)}); "
+                              "expected rank 4 [batch, heads, seq, head_dim]")
+    B, H, Sq, D = q
+    if H != attrs.num_heads:
+        raise KernelError(f"{OP}: input Q (0) has {H} heads (shape {_fmt(q)}); expected "
+                          f"num_heads = {attrs.num_heads}")
+    want_k = (B, attrs.kv_num_heads, k[2], D)
+    if k != want_k:
+        raise KernelError(f"{OP}: input K (1) has shape {_fmt(k)}; expected [B={B}, "
+                          f"kv_num_heads={attrs.kv_num_heads}, Sk, D={D}]")
+    Sk = k[2]
+    if v != k:
+        raise KernelError(f"{OP}: input V (2) has shape {_fmt(v)}; expected K's shape {_fmt(k)}")
+    # The kernels index rows, positions and heads in int32 (offsets are 64-bit).
+    for what, val in (("B", B), ("num_heads", H), ("Sq", Sq), ("Sk", Sk), ("head_dim D", D),
+                      ("B*num_heads", B * H)):
+        if val > _I32:
+            raise KernelError(f"{OP}: {what} = {val}; expected at most 2**31-1")
+    if Sq + Sk > _POS_MAX:
+        raise KernelError(f"{OP}: Sq + Sk = {Sq + Sk} positions; expected at most {_POS_MAX}")
+    if H // attrs.kv_num_heads * Sq > _POS_MAX:
+        raise KernelError(f"{OP}: (num_heads/kv_num_heads) * Sq = "
+                          f"{H // attrs.kv_num_heads * Sq} packed query rows; expected at most "
+                          f"{_POS_MAX}")
+    planes = 0
+    if mask is not None:
+        n = math.prod(mask)
+        plane = Sq * Sk
+        ok = (n == 0) if plane == 0 else (n % plane == 0 and n // plane in (1, B, B * H))
+        if not ok:
+            raise KernelError(
+                f"{OP}: input mask (3) has shape {_fmt(mask)} ({n} elements); expected 1, B={B} "
+                f"or B*H={B * H} planes of [Sq={Sq}, Sk={Sk}] = {plane} elements each")
+        planes = n // plane if plane else 1
+    dims = Dims(B, H, attrs.kv_num_heads, Sq, Sk, D, planes)
+    if out is not None and tuple(out) != dims.out_shape:
+        raise KernelError(f"{OP}: output 0 has shape {_fmt(out)}; expected {_fmt(dims.out_shape)}")
+    return dims
+
+
+# --------------------------------------------------------------------------- planning
+def tc_head_dim(D: int) -> int | None:
+    """The tensor-core build for head dim D (the smallest padded dim >= D), or None."""
+    if D <= 0 or D % 8:
+        return None
+    return next((dp for dp in sorted(TC_TILES) if dp >= D), None)
+
+
+def tc_smem_bytes(dp: int) -> int:
+    """Dynamic shared memory of the tensor-core build ``dp`` (as in attention_fused_tc.cu)."""
+    nwarps, bn = TC_TILES[dp]
+    bm = 16 * nwarps
+    return (bm + 4 * bn) * (dp + 8) * 2 + bm * ((bn + 4) * 4 + 8)
+
+
+def simt_smem_bytes(D: int) -> int:
+    """Dynamic shared memory of the SIMT kernel at head dim D (as in attention_fused_simt.cu)."""
+    kp = D | 1
+    return 4 * (SIMT_ROWS * D + SIMT_KEYS * kp + SIMT_KEYS * D + 8 * 4 * SIMT_KEYS)
+
+
+def _align(n: int, a: int = WS_ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def split_layout(rows: int, D: int, splits: int) -> tuple[int, int, int]:
+    """Split-KV partials: (offset of f32 O [splits, rows, D], offset of f32 (m, l)
+    [splits, rows, 2], total bytes). ``rows`` = B·H·Sq. No bytes when splits == 1."""
+    if splits <= 1:
+        return 0, 0, 0
+    ml = _align(splits * rows * D * 4)
+    return 0, ml, ml + splits * rows * 2 * 4
+
+
+def unfused_layout(B: int, H: int, Sq: int, Sk: int) -> tuple[int, int]:
+    """Unfused scores: (offset, total bytes) of f32 S/P [B·H, Sq, Sk] (row pitch Sk)."""
+    return 0, _align(B * H * Sq * Sk * 4)
+
+
+#: Resident CTAs per SM of both fused kernels (registers and shared memory allow two).
+CTAS_PER_SM = 2
+
+
+def choose_splits(dims: Dims, rows_per_cta: int, keys_per_tile: int, sm_count: int) -> int:
+    """Key splits per row tile for a grid smaller than the GPU.
+
+    As many splits as fit one full wave (``CTAS_PER_SM * sm_count`` resident CTAs) without
+    starting a second, partial one, and at least two key tiles per split (a split also
+    costs its partial write and the combine's read).
+    """
+    row_tiles = -(-dims.group * dims.Sq // rows_per_cta)
+    ctas = row_tiles * dims.B * dims.Hkv
+    n_tiles = -(-dims.Sk // keys_per_tile)
+    if ctas == 0 or ctas >= sm_count or n_tiles < 4:
+        return 1
+    return max(1, min(CTAS_PER_SM * sm_count // ctas, n_tiles // 2, MAX_SPLITS))
+
+
+def _check_fused_grid(dims: Dims) -> None:
+    # Checked for the SIMT kernel's 32-row tiles (the larger grid), so that execute may
+    # switch a tensor-core plan to it.
+    row_tiles = -(-dims.group * dims.Sq // SIMT_ROWS)
+    n_ctas = row_tiles * dims.B * dims.Hkv
+    if n_ctas > _I32 or -(-dims.B * dims.H * dims.Sq // 4) > _I32:
+        raise KernelError(f"{OP}: {n_ctas} row tiles (B={dims.B}, kv heads={dims.Hkv}, "
+                          f"{dims.group} x Sq={dims.Sq} packed rows) exceed the fused grid "
+                          "limit of 2**31-1 CTAs")
+
+
+def _check_unfused_grid(dims: Dims) -> None:
+    bh = dims.B * dims.H
+    if bh > 65535 or -(-dims.Sq // 64) > 65535 or bh * dims.Sq > _I32:
+        raise KernelError(f"{OP}: B*num_heads = {bh}, Sq = {dims.Sq} exceed the unfused path's "
+                          "grid limits (B*num_heads <= 65535, Sq <= 4194240, "
+                          "B*num_heads*Sq <= 2**31-1)")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one call runs: the path, the tensor-core build, splits, workspace bytes."""
+
+    path: str            # "tc" | "simt" | "unfused"
+    dp: int              # tensor-core padded head dim (0 unless path == "tc")
+    splits: int
+    workspace: int       # bytes
+    ws_ml: int = 0       # offset of the split (m, l) array in the workspace
+
+
+def _tc_layout_ok(meta: TensorMetadata | TensorView) -> bool:
+    st = meta.element_strides
+    return st[3] == 1 and all(s % 8 == 0 or d == 1 for s, d in zip(st[:3], meta.shape[:3]))
+
+
+def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str = "auto",
+         tc_ok: bool = True, num_splits: int | None = None) -> Plan:
+    """Choose the path, splits and workspace for one call (pure; see the module docstring).
+
+    ``tc_ok``: the operands' strides and pointers suit the tensor-core kernel.
+
+    Raises
+    ------
+    KernelError
+        A fused path is forced on a head dim it cannot take (D > 256).
+    """
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    D = dims.D
+    if path == "unfused" or (path == "auto" and D > SIMT_DMAX):
+        _check_unfused_grid(dims)
+        return Plan("unfused", 0, 1, unfused_layout(dims.B, dims.H, dims.Sq, dims.Sk)[1])
+    if D > SIMT_DMAX:
+        raise KernelError(f"{OP}: head_dim D = {D} with path={path!r}; the fused kernels take "
+                          f"D <= {SIMT_DMAX} (use path='auto' or 'unfused')")
+    _check_fused_grid(dims)
+    dp = tc_head_dim(D) if dtype != DataType.FLOAT and path != "simt" and tc_ok else None
+    if dp is not None:
+        nwarps, bn = TC_TILES[dp]
+        kind, bm = "tc", 16 * nwarps
+    else:
+        kind, bm, bn, dp = "simt", SIMT_ROWS, SIMT_KEYS, 0
+    if num_splits is not None:
+        splits = max(1, int(num_splits))
+    else:
+        splits = choose_splits(dims, bm, bn, sm_count)
+    _, ml, total = split_layout(dims.B * dims.H * dims.Sq, D, splits)
+    return Plan(kind, dp, splits, total, ml)
+
+
+# --------------------------------------------------------------------------- variants
+def _tc_variant(dtype: DataType, dp: int) -> Variant:
+    nwarps, bn = TC_TILES[dp]
+    return Variant("attention_fused_tc.cu", ("attn_fused_tc",),
+                   {"NXRT_T": CTYPE[dtype], "HEAD_DIM": dp, "BLOCK_N": bn, "NWARPS": nwarps})
+
+
+def _simt_variant(dtype: DataType) -> Variant:
+    return Variant("attention_fused_simt.cu", ("attn_fused_simt",),
+                   {"NXRT_T": CTYPE[dtype], "DMAX": SIMT_DMAX})
+
+
+def _rows_variant(dtype: DataType) -> Variant:
+    return Variant("attention_rows.cu", ("attn_softmax", "attn_combine"), {"NXRT_T": CTYPE[dtype]})
+
+
+def _gemm_variant(dtype: DataType) -> Variant:
+    defines: dict[str, object] = {"NXRT_T": CTYPE[dtype]}
+    if dtype == DataType.FLOAT:
+        defines["NXRT_F32"] = 1
+    return Variant("attention_gemm.cu", ("attn_qk", "attn_pv"), defines)
+
+
+def compile_variants() -> list[Variant]:
+    """Every (file, defines, entries) this op may launch."""
+    out = [_tc_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in TC_TILES]
+    for dt in SUPPORTED:
+        out += [_simt_variant(dt), _rows_variant(dt), _gemm_variant(dt)]
+    return out
+
+
+# --------------------------------------------------------------------------- factory
+class AttentionFactory:
+    """Claims ``pkg.nxrt::Attention`` nodes and creates :class:`AttentionKernel`.
+
+    ``path`` and ``num_splits`` are passed to every kernel it creates (see the module
+    docstring); the defaults choose by the heuristic.
+    """
+
+    def __init__(self, rt: Any, *, path: str = "auto", num_splits: int | None = None) -> None:
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        self.rt = rt
+        self.path = path
+        self.num_splits = num_splits
+
+    def unsupported_reason(self, node: Node, shapes: Sequence[Sequence[int] | None],
+                           dtypes: Sequence[DataType | None]) -> str | None:
+        """Pure, no GPU: None when this factory takes the node, else why not."""
+        return unsupported_reason(node, shapes, dtypes)
+
+    def create(self, node: Node, input_shapes: Sequence[Sequence[int] | None] = ()) -> AttentionKernel:
+        """Create the kernel (attributes are validated here).
+
+        Raises
+        ------
+        KernelError
+            An attribute is invalid.
+        """
+        return AttentionKernel(self.rt, node, path=self.path, num_splits=self.num_splits)
+
+
+def unsupported_reason(node: Node, shapes: Sequence[Sequence[int] | None],
+                       dtypes: Sequence[DataType | None]) -> str | None:
+    """Why this op declines ``node`` with these input shapes/dtypes (None: it takes it)."""
+    if (node.domain, node.op_type) != (DOMAIN, OP_TYPE):
+        return f"not {OP} (got {node.domain}::{node.op_type})"
+    try:
+        attrs = parse_attributes(node)
+    except KernelError as exc:
+        return str(exc)
+    n_in = len(node.inputs) if node.inputs else len(shapes)
+    if n_in not in (3, 4):
+        return f"{OP} takes 3 inputs (Q, K, V) or 4 (Q, K, V, mask); the node has {n_in}"
+    if len(node.outputs) > 1:
+        return f"{OP} has one output; the node has {len(node.outputs)}"
+    for i in range(3):
+        if node.inputs and not node.input_present(i):
+            return f"input {INPUT_NAMES[i]} ({i}) is required but absent"
+    dts = list(dtypes) + [None] * (4 - len(dtypes))
+    if dts[0] is not None and DataType(dts[0]) not in SUPPORTED:
+        return (f"Q dtype {DataType(dts[0]).name} is not supported (supported: "
+                f"{', '.join(d.name for d in SUPPORTED)})")
+    mask_present = len(shapes) > 3 and shapes[3] is not None and (
+        not node.inputs or node.input_present(3))
+    for i in (1, 2, 3):
+        if i == 3 and not mask_present:
+            continue
+        if dts[0] is not None and dts[i] is not None and dts[i] != dts[0]:
+            return (f"input {INPUT_NAMES[i]} ({i}) dtype {DataType(dts[i]).name} differs from "
+                    f"Q's {DataType(dts[0]).name}")
+    if len(shapes) >= 3 and all(s is not None for s in shapes[:3]):
+        try:
+            check_dims(attrs, shapes[0], shapes[1], shapes[2],  # type: ignore[arg-type]
+                       shapes[3] if mask_present else None)
+        except KernelError as exc:
+            return str(exc)
+    return None
+
+
+# --------------------------------------------------------------------------- kernel
+class AttentionKernel:
+    """One Attention node on one runtime.
+
+    Parameters
+    ----------
+    rt
+        The :class:`~nxrt.CudaRuntime`.
+    node
+        The ``pkg.nxrt::Attention`` node (attributes are validated here).
+    path
+        ``"auto"`` (the heuristic), ``"fused"``, ``"simt"`` or ``"unfused"``.
+    num_splits
+        Force the split-KV count of the fused paths (None: heuristic).
+
+    Raises
+    ------
+    KernelError
+        An attribute is invalid.
+    """
+
+    def __init__(self, rt: Any, node: Node, *, path: str = "auto",
+                 num_splits: int | None = None) -> None:
+        if path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        if num_splits is not None and not 1 <= int(num_splits) <= 65535:
+            raise ValueError(f"num_splits must be in [1, 65535], got {num_splits!r}")
+        self.rt = rt
+        self.node = node
+        self.attrs = parse_attributes(node)
+        self.path = path
+        self.num_splits = num_splits
+        self.last_plan: Plan | None = None
+        self._fns: dict[tuple, Any] = {}
+
+    @classmethod
+    def fused(cls, rt: Any, node: Node, **kw: Any) -> AttentionKernel:
+        """A kernel that always runs a fused path (tensor cores where possible)."""
+        return cls(rt, node, path="fused", **kw)
+
+    @classmethod
+    def unfused(cls, rt: Any, node: Node) -> AttentionKernel:
+        """A kernel that always runs the three-kernel (scores in the workspace) path."""
+        return cls(rt, node, path="unfused")
+
+    # -- protocol ------------------------------------------------------------------------
+    def capture_support(self) -> CaptureSupport:
+        # Every path launches only; the unfused path takes its scores from the executor's
+        # workspace (execute refuses to allocate one while capturing).
+        return CaptureSupport.yes()
+
+    def supports_strided_input(self, index: int) -> bool:
+        """Q, K, V: any B/H/S strides with a unit D stride. The mask must be contiguous."""
+        return index in (0, 1, 2)
+
+    def workspace_requirement(self, inputs: Sequence[TensorMetadata | None]) -> WorkspaceRequirement:
+        """Exact bytes for these inputs (pure: no allocation, no state change; None: absent).
+
+        Raises
+        ------
+        KernelError
+            The inputs do not fit the node.
+        """
+        dims, dtype = self._validate_meta(list(inputs), None)
+        p = self._plan(dims, dtype, all(_tc_layout_ok(m) for m in inputs[:3]))
+        return WorkspaceRequirement(p.workspace, WS_ALIGN) if p.workspace else WorkspaceRequirement.NONE
+
+    def execute(self, inputs: Sequence[TensorView], outputs: Sequence[TensorMut],
+                workspace: WorkspaceView | None = None) -> None:
+        """Validate on the host, then launch on ``rt.stream``.
+
+        Raises
+        ------
+        KernelError
+            A shape, dtype, stride or attribute does not fit; nothing was launched.
+        WorkspaceError
+            ``workspace`` is shorter than :meth:`workspace_requirement` (or misaligned).
+        CaptureError
+            The unfused path is called without a workspace while the stream is capturing.
+        """
+        inputs, outputs = list(inputs), list(outputs)
+        if len(outputs) != 1 or outputs[0].absent:
+            raise KernelError(f"{OP}: expected 1 output, got {len(outputs)}"
+                              + (" (absent)" if outputs and outputs[0].absent else ""))
+        dims, dtype = self._validate_meta(inputs, outputs[0])
+        q, k, v = inputs[:3]
+        mask = inputs[3] if len(inputs) > 3 and not inputs[3].absent else None
+        out = outputs[0]
+        # Plan from metadata exactly as workspace_requirement does (same splits and bytes);
+        # pointers or an output layout the tensor-core kernel cannot take switch the kernel
+        # to the SIMT one, which shares the split layout.
+        p = self._plan(dims, dtype, all(_tc_layout_ok(t) for t in (q, k, v)))
+        if p.path == "tc" and not all(_tc_layout_ok(t) and t.ptr % 16 == 0 for t in (q, k, v, out)):
+            p = Plan("simt", 0, p.splits, p.workspace, p.ws_ml)
+        if dims.empty:
+            self.last_plan = p
+            return
+        if p.workspace and workspace is None and p.path != "unfused":
+            # Without the executor's partials buffer, run the fused path unsplit.
+            p = Plan(p.path, p.dp, 1, 0, 0)
+        if p.workspace:
+            if workspace is None:
+                if self.rt.is_capturing():
+                    raise CaptureError(f"{OP}: the unfused path needs a workspace of {p.workspace} "
+                                       "bytes while capturing; pass the executor's workspace "
+                                       "(workspace_requirement) instead of None")
+                self._run_owned(p, dims, dtype, q, k, v, mask, out)
+                self.last_plan = p
+                return
+            check_workspace(OP, WorkspaceRequirement(p.workspace, WS_ALIGN), workspace)
+        self.last_plan = p
+        self._launch(p, dims, dtype, q, k, v, mask, out, workspace.ptr if workspace else 0)
+
+    # -- validation ----------------------------------------------------------------------
+    def _validate_meta(self, inputs: list, out: TensorView | None) -> tuple[Dims, DataType]:
+        if not 3 <= len(inputs) <= 4:
+            raise KernelError(f"{OP}: expected 3 inputs (Q, K, V) or 4 (Q, K, V, mask), "
+                              f"got {len(inputs)}")
+        for i in range(3):
+            if inputs[i] is None or getattr(inputs[i], "absent", False):
+                raise KernelError(f"{OP}: input {INPUT_NAMES[i]} ({i}) is required but absent")
+        mask = None
+        if len(inputs) == 4 and inputs[3] is not None:
+            m = inputs[3]
+            # Planning gets None (or, from older executors, the absent slot's metadata).
+            present = (not m.absent) if isinstance(m, TensorView) else self.node.input_present(3)
+            mask = m if present else None
+        dtype = inputs[0].dtype
+        if dtype not in SUPPORTED:
+            raise KernelError(f"{OP}: input Q (0) has dtype {dtype.name}; expected one of "
+                              f"{', '.join(d.name for d in SUPPORTED)}")
+        named = [(INPUT_NAMES[i], f"input {INPUT_NAMES[i]} ({i})", inputs[i]) for i in (1, 2)]
+        if mask is not None:
+            named.append(("mask", "input mask (3)", mask))
+        if out is not None:
+            named.append(("output", "output 0", out))
+        for _, label, t in named:
+            if t.dtype != dtype:
+                raise KernelError(f"{OP}: {label} has dtype {t.dtype.name}; expected Q's "
+                                  f"{dtype.name}")
+        dims = check_dims(self.attrs, inputs[0].shape, inputs[1].shape, inputs[2].shape,
+                          None if mask is None else mask.shape,
+                          None if out is None else out.shape)
+        strided = [("input Q (0)", inputs[0]), ("input K (1)", inputs[1]),
+                   ("input V (2)", inputs[2])] + ([("output 0", out)] if out is not None else [])
+        for label, t in strided:
+            st = t.element_strides
+            if t.shape[3] > 1 and st[3] != 1:
+                raise KernelError(f"{OP}: {label} has strides {_fmt(st)} (elements); expected a "
+                                  "unit stride on the last (head_dim) axis — make it contiguous")
+        if mask is not None and not mask.is_contiguous:
+            raise KernelError(f"{OP}: input mask (3) has strides {_fmt(mask.element_strides)}; "
+                              "expected a contiguous mask (supports_strided_input(3) is False)")
+        return dims, dtype
+
+    def _plan(self, dims: Dims, dtype: DataType, tc_ok: bool) -> Plan:
+        sm = int(self.rt.capabilities.sm_count)
+        return plan(self.attrs, dims, dtype, sm, path=self.path, tc_ok=tc_ok,
+                    num_splits=self.num_splits)
+
+    # -- launching -----------------------------------------------------------------------
+    def _fn(self, variant: Variant, entry: str) -> Any:
+        key = (variant.file, tuple(sorted(variant.defines.items())), entry)
+        fn = self._fns.get(key)
+        if fn is None:
+            fn = self._fns[key] = get_function(self.rt, variant, entry)
+        return fn
+
+    def _scale(self, dims: Dims) -> float:
+        return self.attrs.scale if self.attrs.scale is not None else 1.0 / math.sqrt(dims.D)
+
+    def _window(self, dims: Dims) -> int:
+        # w >= Sk - 1 lets every query see every earlier key: the same as no window, and it
+        # keeps the int32 kernel arithmetic far from overflow.
+        w = self.attrs.local_window_size
+        return -1 if w < 0 or w >= dims.Sk else w
+
+    def _run_owned(self, p: Plan, dims: Dims, dtype: DataType, q: TensorView, k: TensorView,
+                   v: TensorView, mask: TensorView | None, out: TensorView) -> None:
+        ptr = self.rt.alloc_raw(p.workspace)
+        try:
+            self._launch(p, dims, dtype, q, k, v, mask, out, ptr)
+            self.rt.synchronize()
+        finally:
+            self.rt.free_raw(ptr)
+
+    def _launch(self, p: Plan, dims: Dims, dtype: DataType, q: TensorView, k: TensorView,
+                v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
+        if p.path == "unfused":
+            self._launch_unfused(dims, dtype, q, k, v, mask, out, ws)
+        else:
+            self._launch_fused(p, dims, dtype, q, k, v, mask, out, ws)
+
+    def _launch_fused(self, p: Plan, dims: Dims, dtype: DataType, q: TensorView, k: TensorView,
+                      v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        if p.path == "tc":
+            nwarps, _ = TC_TILES[p.dp]
+            variant, entry = _tc_variant(dtype, p.dp), "attn_fused_tc"
+            bm, threads, smem = 16 * nwarps, 32 * nwarps, tc_smem_bytes(p.dp)
+        else:
+            variant, entry = _simt_variant(dtype), "attn_fused_simt"
+            bm, threads, smem = SIMT_ROWS, SIMT_THREADS, simt_smem_bytes(dims.D)
+        row_tiles = -(-dims.group * dims.Sq // bm)
+        n_ctas = row_tiles * dims.B * dims.Hkv  # within limits: plan() checked
+        split_o, split_ml = (ws, ws + p.ws_ml) if p.splits > 1 else (0, 0)
+        strides = [i64(s) for t in (q, k, v, out) for s in t.element_strides[:3]]
+        args = [q.ptr, k.ptr, v.ptr, mask.ptr if mask is not None else 0, out.ptr, split_o,
+                split_ml, i32(dims.B), i32(dims.H), i32(dims.Hkv), i32(dims.Sq), i32(dims.Sk),
+                i32(dims.D), *strides, i32(dims.mask_planes), i32(int(self.attrs.causal)),
+                i32(self._window(dims)), f32(self._scale(dims)), f32(self.attrs.softcap),
+                i32(row_tiles), i32(p.splits)]
+        self.rt.launch(self._fn(variant, entry), (n_ctas, p.splits, 1), (threads, 1, 1), args,
+                       shared_mem=smem)
+        if p.splits > 1:
+            rows = dims.B * dims.H * dims.Sq
+            ost = [i64(s) for s in out.element_strides[:3]]
+            self.rt.launch(self._fn(_rows_variant(dtype), "attn_combine"), (-(-rows // 4), 1, 1),
+                           (128, 1, 1), [split_o, split_ml, out.ptr, i32(dims.B), i32(dims.H),
+                                         i32(dims.Sq), i32(dims.D), i32(p.splits), *ost])
+
+    def _launch_unfused(self, dims: Dims, dtype: DataType, q: TensorView, k: TensorView,
+                        v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        bh = dims.B * dims.H
+        m_tiles = -(-dims.Sq // 64)  # grid limits: plan() checked
+        gemm = _gemm_variant(dtype)
+        threads = 256 if dtype == DataType.FLOAT else 128
+        s_ptr = ws + unfused_layout(dims.B, dims.H, dims.Sq, dims.Sk)[0]
+        qs, ks, vs, os_ = ([i64(s) for s in t.element_strides[:3]] for t in (q, k, v, out))
+        if dims.Sk > 0:
+            self.rt.launch(self._fn(gemm, "attn_qk"), (-(-dims.Sk // 64), m_tiles, bh),
+                           (threads, 1, 1),
+                           [q.ptr, k.ptr, s_ptr, i32(dims.H), i32(dims.Hkv), i32(dims.Sq),
+                            i32(dims.Sk), i32(dims.D), *qs, *ks, f32(self._scale(dims))])
+            self.rt.launch(self._fn(_rows_variant(dtype), "attn_softmax"), (bh * dims.Sq, 1, 1),
+                           (256, 1, 1),
+                           [s_ptr, mask.ptr if mask is not None else 0, i32(dims.B), i32(dims.H),
+                            i32(dims.Sq), i32(dims.Sk), i32(dims.mask_planes),
+                            i32(int(self.attrs.causal)), i32(self._window(dims)),
+                            f32(self.attrs.softcap)])
+        self.rt.launch(self._fn(gemm, "attn_pv"), (-(-dims.D // 64), m_tiles, bh), (threads, 1, 1),
+                       [s_ptr, v.ptr, out.ptr, i32(dims.H), i32(dims.Hkv), i32(dims.Sq),
+                        i32(dims.Sk), i32(dims.D), *vs, *os_])

@@ -1,0 +1,302 @@
+"""pkg.nxrt::Attention on the GPU: every path vs the float64 reference, capture, workspaces."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+
+import nxrt
+from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from nxrt.errors import CaptureError, KernelError, WorkspaceError
+from nxrt.executor import Executor
+from nxrt_kernels import reference
+from nxrt_kernels.attention import AttentionFactory, AttentionKernel
+from tests._util import TOL, rel_fro
+
+pytestmark = pytest.mark.gpu
+
+F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
+
+
+def make_node(H, Hkv, _mask=False, **attrs) -> Node:
+    return Node("Attention", "pkg.nxrt", {"num_heads": H, "kv_num_heads": Hkv, **attrs},
+                ["q", "k", "v", "mask"] if _mask else ["q", "k", "v"], ["o"])
+
+
+def host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes=0, masked_row=False):
+    npdt = dtype.numpy
+    q = rng.standard_normal((B, H, Sq, D), dtype=np.float32).astype(npdt)
+    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(npdt)
+    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(npdt)
+    mask = None
+    if planes:
+        m = rng.standard_normal((planes, Sq, Sk), dtype=np.float32)
+        m[rng.random((planes, Sq, Sk)) < 0.2] = -np.inf  # some keys masked outright
+        if masked_row and Sq > 1:
+            m[:, Sq // 2, :] = -np.inf  # one row sees nothing: zeros
+        mask = m.astype(npdt)
+    return [q, k, v, mask]
+
+
+class Buffers(contextlib.ExitStack):
+    """Device copies of host arrays, freed on exit (the ledger must return to zero)."""
+
+    def __init__(self, rt):
+        super().__init__()
+        self.rt = rt
+
+    def array(self, host=None, shape=None, dtype=None) -> nxrt.DeviceArray:
+        a = (nxrt.DeviceArray.from_numpy(self.rt, host) if host is not None
+             else nxrt.DeviceArray(self.rt, shape, dtype))
+        self.callback(a.free)
+        return a
+
+    def raw(self, nbytes: int) -> int:
+        p = self.rt.alloc_raw(nbytes)
+        self.callback(self.rt.free_raw, p)
+        return p
+
+
+def run(rt, kernel, host, bufs: Buffers, workspace=True):
+    """Upload, poison the output, execute (with the exact workspace), return the output."""
+    ins = [bufs.array(h) for h in host if h is not None]
+    views = [a.view() for a in ins]
+    q = host[0]
+    out = bufs.array(shape=q.shape, dtype=DataType.from_numpy(q.dtype))
+    out.fill_bytes(0xFF)  # NaN everywhere: every element must be written
+    req = kernel.workspace_requirement([t.meta for t in views])
+    ws = None
+    if workspace and req.nbytes:
+        ws = WorkspaceView(bufs.raw(req.nbytes), req.nbytes)
+    kernel.execute(views, [out.mut()], ws)
+    rt.synchronize()
+    return out.numpy()
+
+
+def check(node, host, got, dtype):
+    want = reference.attention(node, host, out_dtype=np.float64)
+    err = rel_fro(got, want)
+    assert err <= TOL[dtype], f"relative Frobenius error {err:.3g} > {TOL[dtype]}"
+    return want
+
+
+# (dtype, B, H, Hkv, Sq, Sk, D, attrs, mask planes)
+CASES = [
+    # sizes: Sq, Sk in {1, 17, 128, 1000}, D in {64, 80, 128, 256}
+    (F16, 2, 4, 4, 17, 128, 64, {}, 0),
+    (BF16, 1, 4, 4, 128, 1000, 64, {}, 0),
+    (F16, 1, 8, 2, 1000, 1000, 80, {}, 0),
+    (BF16, 2, 2, 2, 1, 17, 80, {}, 0),
+    (F16, 1, 4, 4, 128, 128, 128, {}, 0),
+    (BF16, 1, 8, 1, 1, 1000, 128, {}, 0),
+    (F16, 2, 2, 1, 17, 1, 256, {}, 0),
+    (BF16, 1, 2, 2, 1000, 128, 256, {}, 0),
+    (F32, 1, 4, 4, 128, 1000, 64, {}, 0),
+    (F32, 2, 8, 2, 17, 17, 80, {}, 0),
+    (F32, 1, 2, 2, 1, 128, 256, {}, 0),
+    (F32, 1, 2, 1, 1000, 17, 128, {}, 0),
+    # GQA 8/2, MQA 8/1, causal with Sq < Sk (and Sq > Sk: leading rows see nothing)
+    (F16, 2, 8, 2, 17, 1000, 128, {"causal": 1}, 0),
+    (BF16, 1, 8, 1, 128, 1000, 64, {"causal": 1}, 0),
+    (F16, 1, 8, 8, 1000, 1000, 64, {"causal": 1}, 0),
+    (F16, 1, 4, 2, 128, 17, 64, {"causal": 1}, 0),
+    (F32, 1, 8, 2, 17, 128, 64, {"causal": 1}, 0),
+    # masks of each plane count (1, B, B*H), one fully masked row
+    (F16, 2, 4, 2, 17, 128, 64, {}, 1),
+    (BF16, 2, 4, 2, 128, 17, 128, {}, 2),
+    (F16, 2, 4, 1, 17, 1000, 80, {"causal": 1}, 8),
+    (F32, 2, 4, 2, 17, 128, 64, {}, 8),
+    # softcap, windows
+    (F16, 1, 8, 2, 128, 1000, 128, {"softcap": 5.0}, 0),
+    (BF16, 1, 4, 4, 1000, 1000, 64, {"causal": 1, "local_window_size": 100}, 0),
+    (F16, 1, 4, 2, 17, 1000, 64, {"local_window_size": 0}, 0),
+    (F32, 1, 4, 2, 128, 1000, 80, {"causal": 1, "local_window_size": 37, "softcap": 2.0}, 0),
+    (F16, 1, 4, 2, 128, 1000, 128, {"scale": 0.05, "softcap": 3.0, "causal": 1}, 1),
+]
+
+
+def _ids(c):
+    dt, B, H, Hkv, Sq, Sk, D, attrs, planes = c
+    extra = ",".join(f"{k[:6]}={v}" for k, v in attrs.items())
+    return f"{dt.name}-B{B}H{H}/{Hkv}-q{Sq}k{Sk}D{D}-m{planes}-{extra}"
+
+
+@pytest.mark.parametrize("path", ["auto", "unfused"])
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_vs_reference(rt, ledger, rng, case, path):
+    dtype, B, H, Hkv, Sq, Sk, D, attrs, planes = case
+    node = make_node(H, Hkv, _mask=bool(planes), **attrs)
+    host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes, masked_row=True)
+    kernel = AttentionKernel(rt, node, path=path)
+    with Buffers(rt) as bufs:
+        got = run(rt, kernel, host, bufs)
+    want = check(node, host, got, dtype)
+    if path == "auto":
+        assert kernel.last_plan.path == ("simt" if dtype == F32 else "tc")
+    # Rows that see no key are exactly zero.
+    dead = ~np.any(want != 0, axis=-1)
+    assert np.all(got.astype(np.float32)[dead] == 0)
+
+
+@pytest.mark.parametrize("dtype,path,splits,Sq,D", [
+    (BF16, "fused", 3, 1, 128),
+    (F16, "fused", 5, 17, 80),
+    (F32, "fused", 4, 1, 64),
+    (F16, "simt", 3, 2, 64),
+    (BF16, "auto", None, 1, 256),  # decode: the heuristic splits by itself
+])
+def test_split_kv(rt, ledger, rng, dtype, path, splits, Sq, D):
+    H, Hkv, Sk = 8, 2, 1000
+    node = make_node(H, Hkv, causal=1)
+    host = host_inputs(rng, dtype, 1, H, Hkv, Sq, Sk, D)
+    kernel = AttentionKernel(rt, node, path=path, num_splits=splits)
+    with Buffers(rt) as bufs:
+        got = run(rt, kernel, host, bufs)
+        assert kernel.last_plan.splits > 1
+        check(node, host, got, dtype)
+        # Without a workspace the fused path runs unsplit, and equally right.
+        got2 = run(rt, kernel, host, bufs, workspace=False)
+        assert kernel.last_plan.splits == 1
+        check(node, host, got2, dtype)
+
+
+def test_simt_fallback_for_odd_layouts(rt, ledger, rng):
+    """D % 8 != 0 and a misaligned pointer both take the CUDA-core fused kernel."""
+    node = make_node(4, 2, causal=1)
+    host = host_inputs(rng, F16, 1, 4, 2, 33, 100, 20)
+    kernel = AttentionKernel(rt, node)
+    with Buffers(rt) as bufs:
+        got = run(rt, kernel, host, bufs)
+        assert kernel.last_plan.path == "simt"
+        check(node, host, got, F16)
+        # Q one element past a 16-byte boundary: tensor cores can't cp.async it.
+        host = host_inputs(rng, BF16, 1, 4, 2, 33, 100, 64)
+        qbuf = bufs.array(shape=(host[0].size + 1,), dtype=BF16)
+        qbuf.copy_from(np.concatenate([np.zeros(1, host[0].dtype), host[0].ravel()]))
+        q = TensorView(qbuf.ptr + 2, BF16, host[0].shape)
+        k, v = (bufs.array(h).view() for h in host[1:3])
+        out = bufs.array(shape=host[0].shape, dtype=BF16)
+        out.fill_bytes(0xFF)
+        kernel.execute([q, k, v], [out.mut()])
+        assert kernel.last_plan.path == "simt"
+        check(node, host, out.numpy(), BF16)
+
+
+@pytest.mark.parametrize("path", ["auto", "unfused"])
+def test_strided_views(rt, ledger, rng, path):
+    """Q and the output as [B, S, H, D] memory seen as [B, H, S, D]; K/V as slices of a KV pair."""
+    B, H, Hkv, Sq, Sk, D = 2, 4, 2, 17, 130, 64
+    node = make_node(H, Hkv, causal=1)
+    host = host_inputs(rng, BF16, B, H, Hkv, Sq, Sk, D)
+    kernel = AttentionKernel(rt, node, path=path)
+    with Buffers(rt) as bufs:
+        qb = bufs.array(np.ascontiguousarray(host[0].transpose(0, 2, 1, 3)))  # [B, Sq, H, D]
+        q = TensorView(qb.ptr, BF16, (B, H, Sq, D), (Sq * H * D, D, H * D, 1))
+        kv = bufs.array(np.stack([host[1], host[2]], axis=2))  # [B, Hkv, 2, Sk, D]
+        kst = (Hkv * 2 * Sk * D, 2 * Sk * D, D, 1)
+        k = TensorView(kv.ptr, BF16, (B, Hkv, Sk, D), kst)
+        v = TensorView(kv.ptr + Sk * D * 2, BF16, (B, Hkv, Sk, D), kst)
+        ob = bufs.array(shape=(B, Sq, H, D), dtype=BF16)
+        ob.fill_bytes(0xFF)
+        out = TensorMut(ob.ptr, BF16, (B, H, Sq, D), (Sq * H * D, D, H * D, 1))
+        req = kernel.workspace_requirement([q.meta, k.meta, v.meta])
+        ws = WorkspaceView(bufs.raw(req.nbytes), req.nbytes) if req.nbytes else None
+        kernel.execute([q, k, v], [out], ws)
+        got = ob.numpy().transpose(0, 2, 1, 3)
+    if path == "auto":
+        assert kernel.last_plan.path == "tc"
+    check(node, host, got, BF16)
+
+
+def test_large_head_dim_takes_unfused(rt, ledger, rng):
+    node = make_node(2, 1)
+    host = host_inputs(rng, F16, 1, 2, 1, 17, 33, 320)
+    kernel = AttentionKernel(rt, node)
+    with Buffers(rt) as bufs:
+        got = run(rt, kernel, host, bufs)
+    assert kernel.last_plan.path == "unfused"
+    check(node, host, got, F16)
+    with pytest.raises(KernelError, match="D = 320"):
+        AttentionKernel.fused(rt, node).workspace_requirement(
+            [nxrt.TensorMetadata(F16, h.shape) for h in host[:3]])
+
+
+def test_empty_keys_give_zeros(rt, ledger, rng):
+    node = make_node(2, 2)
+    host = host_inputs(rng, F16, 1, 2, 2, 5, 0, 64)
+    for path in ("auto", "unfused"):
+        with Buffers(rt) as bufs:
+            q = bufs.array(host[0])
+            kv = TensorView(q.ptr, F16, (1, 2, 0, 64))  # Sk = 0: nothing is read
+            out = bufs.array(shape=host[0].shape, dtype=F16)
+            out.fill_bytes(0xFF)
+            AttentionKernel(rt, node, path=path).execute([q.view(), kv, kv], [out.mut()])
+            assert np.all(out.numpy() == 0)
+
+
+def test_short_workspace_is_refused(rt, ledger, rng):
+    node = make_node(4, 2)
+    host = host_inputs(rng, F16, 1, 4, 2, 64, 64, 64)
+    for kernel in (AttentionKernel.unfused(rt, node),
+                   AttentionKernel.fused(rt, node, num_splits=2)):
+        with Buffers(rt) as bufs:
+            views = [bufs.array(h).view() for h in host[:3]]
+            out = bufs.array(shape=host[0].shape, dtype=F16)
+            req = kernel.workspace_requirement([t.meta for t in views])
+            assert req.nbytes > 0
+            p = bufs.raw(req.nbytes)
+            before = rt.launch_count
+            with pytest.raises(WorkspaceError) as ei:
+                kernel.execute(views, [out.mut()], WorkspaceView(p, req.nbytes - 1))
+            assert ei.value.required == req.nbytes and ei.value.provided == req.nbytes - 1
+            assert rt.launch_count == before  # refused before any launch
+            kernel.execute(views, [out.mut()], WorkspaceView(p, req.nbytes))  # exact is fine
+            rt.synchronize()
+
+
+def test_unfused_without_workspace(rt, ledger, rng):
+    """Eager: it owns a temporary buffer. Capturing: refused, nothing allocated."""
+    node = make_node(4, 4, causal=1)
+    host = host_inputs(rng, BF16, 1, 4, 4, 40, 70, 64)
+    kernel = AttentionKernel.unfused(rt, node)
+    with Buffers(rt) as bufs:
+        got = run(rt, kernel, host, bufs, workspace=False)
+        check(node, host, got, BF16)
+        views = [bufs.array(h).view() for h in host[:3]]
+        out = bufs.array(shape=host[0].shape, dtype=BF16)
+        with pytest.raises(CaptureError, match="workspace"):
+            with rt.capture():
+                kernel.execute(views, [out.mut()])
+
+
+@pytest.mark.parametrize("path,Sq,planes", [("auto", 1, 0), ("auto", 100, 1), ("unfused", 3, 8)])
+def test_capture_replay_with_changed_contents(rt, ledger, rng, path, Sq, planes):
+    B, H, Hkv, Sk, D = 2, 4, 2, 1000, 128
+    node = make_node(H, Hkv, _mask=bool(planes), causal=1, softcap=4.0)
+    host = host_inputs(rng, BF16, B, H, Hkv, Sq, Sk, D, planes)
+    with Buffers(rt) as bufs, Executor(rt) as ex:
+        devs = [bufs.array(h) for h in host if h is not None]
+        out = bufs.array(shape=host[0].shape, dtype=BF16)
+        for name, a in zip(["q", "k", "v", "mask"], devs):
+            ex.bind(name, a.view())
+        ex.bind("o", out.mut())
+        ex.add(node, AttentionFactory(rt, path=path))
+        ex.plan()
+        out.fill_bytes(0xFF)
+        ex.run()
+        eager = out.numpy()
+        check(node, host, eager, BF16)
+        ex.capture()
+        for _ in range(2):
+            host = host_inputs(rng, BF16, B, H, Hkv, Sq, Sk, D, planes)
+            for a, h in zip(devs, [h for h in host if h is not None]):
+                a.copy_from(h)
+            out.fill_bytes(0xFF)
+            ex.replay()
+            replayed = out.numpy()
+            check(node, host, replayed, BF16)
+            out.fill_bytes(0xFF)
+            ex.run()
+            np.testing.assert_array_equal(out.numpy().view(np.uint16), replayed.view(np.uint16))
