@@ -275,7 +275,13 @@ class CudaRuntime:
             cfg = self._launch_config((_hashable(grid), _hashable(block), shared_mem))
         if shared_mem > 49152:
             fn.ensure_shared(shared_mem)
-        err = self._cu_launch(cfg, fn.handle_c, fn.pack_c(args) if args else fn.no_args(), None)
+        if args:
+            params = fn.pack_c(args)
+        elif fn._params == ():  # checked: the kernel takes no arguments
+            params = None
+        else:
+            params = fn.no_args()
+        err = self._cu_launch(cfg, fn.handle_c, params, None)
         if err:
             self._fast.raise_for(err, f"cuLaunchKernelEx({fn.name}, grid={grid}, block={block}, "
                                       f"shared_mem={shared_mem})")

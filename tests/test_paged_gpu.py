@@ -99,11 +99,19 @@ DECODE = {
 }
 
 
+def _tensor_core_path(rt, path):
+    """The read kernel ``path`` should plan: auto takes the wgmma kernel on compute capability 9.0."""
+    if path == "auto":
+        return "wg" if tuple(rt.capabilities.compute_capability) == (9, 0) else "mla"
+    return path
+
+
+@pytest.mark.parametrize("path", ["auto", "mla"])
 @pytest.mark.parametrize("kw", DECODE.values(), ids=DECODE.keys())
-def test_decode_mla(ledger, rng, kw):
+def test_decode_mla(ledger, rng, kw, path):
     c = make_case(rng, **{**MLA, **kw}, q_lens=(1, 1, 1), past_lens=(0, 37, 700))
-    out, cache, plan = run(ledger, c)
-    assert plan.path == "mla" and plan.block_n == 64
+    out, cache, plan = run(ledger, c, path=path)
+    assert plan.path == _tensor_core_path(ledger, path) and plan.block_n == 64
     check(c, out, cache)
     ledger.latch.check()
 
@@ -118,11 +126,12 @@ PREFILL = {
 }
 
 
+@pytest.mark.parametrize("path", ["auto", "mla"])
 @pytest.mark.parametrize("kw", PREFILL.values(), ids=PREFILL.keys())
-def test_prefill_mla(ledger, rng, kw):
+def test_prefill_mla(ledger, rng, kw, path):
     c = make_case(rng, **{**MLA, **kw})
-    out, cache, plan = run(ledger, c)
-    assert plan.path == "mla"
+    out, cache, plan = run(ledger, c, path=path)
+    assert plan.path == _tensor_core_path(ledger, path)
     check(c, out, cache)
     ledger.latch.check()
 
@@ -139,7 +148,7 @@ def test_mla_32_key_tiles(ledger, rng):
 def test_split_kv_decode_and_combine(ledger, rng):
     c = make_case(rng, **MLA, dtype=BF16, rope="half", q_lens=(1,), past_lens=(2900,))
     out, cache, plan = run(ledger, c)
-    assert plan.path == "mla" and plan.splits > 1  # one sequence: split to fill the GPU
+    assert plan.path == _tensor_core_path(ledger, "auto") and plan.splits > 1  # split to fill the GPU
     check(c, out, cache)
     # Forced splits on prefill rows (some splits see no key for early tokens).
     p = make_case(rng, **{**MLA, "H": 64}, dtype=F16, q_lens=(30, 2), past_lens=(3, 400))
