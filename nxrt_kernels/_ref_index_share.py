@@ -73,6 +73,10 @@ def parse_attributes(node: Node) -> Attributes:
                           f"num_heads={n}")
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise KernelError(f"{OP}: attribute scale must be finite and > 0, got {scale}")
+    # The kernels take scale * log2(e) as a float32: it must stay finite and nonzero there.
+    if scale is not None and not 1e-30 <= scale * math.log2(math.e) <= 1e38:
+        raise KernelError(f"{OP}: attribute scale={scale} is outside the float32 range the "
+                          "kernels compute in; use a scale in [1e-30, 6.9e37]")
     return Attributes(n, nkv, scale)
 
 

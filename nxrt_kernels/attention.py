@@ -17,6 +17,14 @@ Paths
 ``simt``
     Fused, CUDA cores, fp32 math (``cuda/attention_fused_simt.cu``): the f32 path, and the
     f16/bf16 fallback for what ``tc`` cannot read. Any D <= 256, any strides.
+``wg``
+    Fused, Hopper warpgroup MMA (f16/bf16, D = 64 or 128, compute capability 9.0 only;
+    ``cuda/attention_wg.cu``, compiled for sm_90a): 128 packed query rows per CTA as two
+    warpgroups of 64, wgmma for S = Q Kᵀ (both operands from 128-byte-swizzled shared memory)
+    and O += P V (P from registers), double-buffered cp.async, the same row packing, masking,
+    split-KV partials and parameters as ``tc``. Forced with ``path="wg"``; ``auto`` takes it
+    for prefill (module flag ``WG_DEFAULT``, on since the H200 sweep: 1.36-1.47x ``tc`` on
+    every bf16 prefill row of ``tools/sweep_attention.py``).
 ``unfused``
     ``S = scale · Q Kᵀ`` (f32) into the workspace, a masked softmax in place, then ``P V``
     (``cuda/attention_gemm.cu``, ``cuda/attention_rows.cu``). Any D.
@@ -35,6 +43,9 @@ split (correct, slower; never allocates), so it is capture-safe either way.
 Path choice (``path="auto"``)
 -----------------------------
 1. D > 256 → ``unfused`` (the only path for such head dims).
+1b. with ``WG_DEFAULT`` (on): compute capability 9.0, f16/bf16, D in (64, 128),
+   tensor-core-readable layout and at least ``WG_MIN_ROWS`` packed query rows (prefill) →
+   ``wg``.
 2. f16/bf16 with D % 8 == 0 and tensor-core-readable strides/pointers → ``tc``.
 3. otherwise → ``simt``.
 The fused paths read Q, K, V once per row tile and write O once, while ``unfused`` writes and
@@ -42,7 +53,9 @@ reads B·H·Sq·Sk f32 scores three times and launches three kernels, so at ever
 fused kernel applies it moves less memory: fused is never slower by construction, and the
 benchmarks (``tools/bench_attention.py``, row "nxrt-unfused") record the measured margin.
 ``path="fused"`` forces the fused kernels (``tc`` where possible, else ``simt``),
-``path="simt"`` the CUDA-core fused kernel, ``path="unfused"`` the three-kernel path;
+``path="simt"`` the CUDA-core fused kernel, ``path="wg"`` the wgmma kernel (a
+:class:`KernelError` where it does not apply; a pointer that is not 16-byte aligned at
+execute time falls back to ``simt`` as ``tc`` does), ``path="unfused"`` the three-kernel path;
 ``num_splits`` forces the split count (tests of the combine step).
 
 Capture: no path allocates, frees or synchronizes while the stream is capturing. The unfused
@@ -75,14 +88,24 @@ from ._common import CTYPE, Variant, check_workspace, get_function
 
 __all__ = ["AttentionFactory", "AttentionKernel", "Attrs", "Dims", "Plan", "compile_variants",
            "parse_attributes", "check_dims", "plan", "split_layout", "unfused_layout",
-           "choose_splits", "tc_head_dim", "tc_smem_bytes", "simt_smem_bytes"]
+           "choose_splits", "tc_head_dim", "tc_smem_bytes", "simt_smem_bytes", "wg_smem_bytes",
+           "wg_reason", "WG_DEFAULT"]
 
 OP = "pkg.nxrt::Attention"
 DOMAIN, OP_TYPE = "pkg.nxrt", "Attention"
 SUPPORTED = (DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16)
 INPUT_NAMES = ("Q", "K", "V", "mask")
 WS_ALIGN = 256
-PATHS = ("auto", "fused", "simt", "unfused")
+PATHS = ("auto", "fused", "simt", "unfused", "wg")
+
+#: ``auto`` picks the wgmma kernel for prefill on compute capability 9.0 (H200 sweep:
+#: 1.36-1.47x the mma.sync kernel, 0.83-1.0x torch's flash backend).
+WG_DEFAULT = True
+#: wgmma build: head dims, rows and keys per CTA tile, threads, min resident CTAs per SM.
+WG_DIMS: dict[int, int] = {64: 2, 128: 1}
+WG_ROWS, WG_KEYS, WG_THREADS = 128, 64, 256
+#: ``auto`` uses ``wg`` from this many packed query rows (G·Sq) on: a prefill shape.
+WG_MIN_ROWS = 128
 
 #: Tensor-core builds: padded head dim -> (warps per CTA, keys per tile). 16 rows per warp.
 TC_TILES: dict[int, tuple[int, int]] = {64: (4, 64), 80: (4, 64), 128: (4, 64), 256: (4, 32)}
@@ -249,6 +272,26 @@ def tc_smem_bytes(dp: int) -> int:
     return (bm + 4 * bn) * (dp + 8) * 2 + bm * ((bn + 4) * 4 + 8)
 
 
+def wg_smem_bytes(D: int) -> int:
+    """Dynamic shared memory of the wgmma kernel at head dim D (as SMEM_BYTES in
+    attention_wg.cu): Q [128 x D] and two stages of K and V [64 x D], plus 1024 bytes of
+    slack to align the swizzle atoms."""
+    return (D // 64) * (WG_ROWS * 128 + 4 * WG_KEYS * 128) + 1024
+
+
+def wg_reason(dims: Dims, dtype: DataType, tc_ok: bool, cc: tuple[int, int] | None) -> str | None:
+    """Why the wgmma kernel cannot run this call (None: it can)."""
+    if cc is not None and tuple(cc) != (9, 0):
+        return f"compute capability {tuple(cc)} (wgmma/sm_90a needs exactly 9.0)"
+    if dtype == DataType.FLOAT:
+        return "dtype FLOAT (wgmma takes f16/bf16)"
+    if dims.D not in WG_DIMS:
+        return f"head_dim D = {dims.D} (wgmma builds: {sorted(WG_DIMS)})"
+    if not tc_ok:
+        return "Q/K/V strides that are not multiples of 8 elements (16-byte rows)"
+    return None
+
+
 def simt_smem_bytes(D: int) -> int:
     """Dynamic shared memory of the SIMT kernel at head dim D (as in attention_fused_simt.cu)."""
     kp = D | 1
@@ -315,8 +358,8 @@ def _check_unfused_grid(dims: Dims) -> None:
 class Plan:
     """What one call runs: the path, the tensor-core build, splits, workspace bytes."""
 
-    path: str            # "tc" | "simt" | "unfused"
-    dp: int              # tensor-core padded head dim (0 unless path == "tc")
+    path: str            # "tc" | "wg" | "simt" | "unfused"
+    dp: int              # tensor-core (padded) head dim of "tc" / "wg", else 0
     splits: int
     workspace: int       # bytes
     ws_ml: int = 0       # offset of the split (m, l) array in the workspace
@@ -328,15 +371,18 @@ def _tc_layout_ok(meta: TensorMetadata | TensorView) -> bool:
 
 
 def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str = "auto",
-         tc_ok: bool = True, num_splits: int | None = None) -> Plan:
+         tc_ok: bool = True, num_splits: int | None = None,
+         cc: tuple[int, int] | None = None) -> Plan:
     """Choose the path, splits and workspace for one call (pure; see the module docstring).
 
-    ``tc_ok``: the operands' strides and pointers suit the tensor-core kernel.
+    ``tc_ok``: the operands' strides and pointers suit the tensor-core kernel. ``cc``: the
+    device's compute capability (None: unknown; ``auto`` then never takes ``wg``).
 
     Raises
     ------
     KernelError
-        A fused path is forced on a head dim it cannot take (D > 256).
+        A fused path is forced on a head dim it cannot take (D > 256), or ``path="wg"`` on
+        a call the wgmma kernel cannot run (see :func:`wg_reason`).
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -348,6 +394,19 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
         raise KernelError(f"{OP}: head_dim D = {D} with path={path!r}; the fused kernels take "
                           f"D <= {SIMT_DMAX} (use path='auto' or 'unfused')")
     _check_fused_grid(dims)
+    use_wg = path == "wg"
+    if use_wg:
+        why = wg_reason(dims, dtype, tc_ok, cc)
+        if why is not None:
+            raise KernelError(f"{OP}: path='wg' cannot run this call: {why}; use path='auto'")
+    elif path == "auto" and WG_DEFAULT and cc is not None:
+        use_wg = (wg_reason(dims, dtype, tc_ok, cc) is None
+                  and dims.group * dims.Sq >= WG_MIN_ROWS)
+    if use_wg:
+        splits = (max(1, int(num_splits)) if num_splits is not None
+                  else choose_splits(dims, WG_ROWS, WG_KEYS, sm_count))
+        _, ml, total = split_layout(dims.B * dims.H * dims.Sq, D, splits)
+        return Plan("wg", D, splits, total, ml)
     dp = tc_head_dim(D) if dtype != DataType.FLOAT and path != "simt" and tc_ok else None
     if dp is not None:
         nwarps, bn = TC_TILES[dp]
@@ -367,6 +426,12 @@ def _tc_variant(dtype: DataType, dp: int) -> Variant:
     nwarps, bn = TC_TILES[dp]
     return Variant("attention_fused_tc.cu", ("attn_fused_tc",),
                    {"NXRT_T": CTYPE[dtype], "HEAD_DIM": dp, "BLOCK_N": bn, "NWARPS": nwarps})
+
+
+def _wg_variant(dtype: DataType, D: int) -> Variant:
+    return Variant("attention_wg.cu", ("attn_fused_wg",),
+                   {"NXRT_BF16": int(dtype == DataType.BFLOAT16), "HEAD_DIM": D,
+                    "MIN_BLOCKS": WG_DIMS[D]}, min_arch=90, arch_suffix="a")
 
 
 def _simt_variant(dtype: DataType) -> Variant:
@@ -390,6 +455,7 @@ def compile_variants() -> list[Variant]:
     out = [_tc_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in TC_TILES]
     for dt in SUPPORTED:
         out += [_simt_variant(dt), _rows_variant(dt), _gemm_variant(dt)]
+    out += [_wg_variant(dt, D) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for D in WG_DIMS]
     return out
 
 
@@ -473,7 +539,7 @@ class AttentionKernel:
     node
         The ``pkg.nxrt::Attention`` node (attributes are validated here).
     path
-        ``"auto"`` (the heuristic), ``"fused"``, ``"simt"`` or ``"unfused"``.
+        ``"auto"`` (the heuristic), ``"fused"``, ``"simt"``, ``"unfused"`` or ``"wg"``.
     num_splits
         Force the split-KV count of the fused paths (None: heuristic).
 
@@ -554,7 +620,7 @@ class AttentionKernel:
         # pointers or an output layout the tensor-core kernel cannot take switch the kernel
         # to the SIMT one, which shares the split layout.
         p = self._plan(dims, dtype, all(_tc_layout_ok(t) for t in (q, k, v)))
-        if p.path == "tc" and not all(_tc_layout_ok(t) and t.ptr % 16 == 0 for t in (q, k, v, out)):
+        if p.path in ("tc", "wg") and not all(_tc_layout_ok(t) and t.ptr % 16 == 0 for t in (q, k, v, out)):
             p = Plan("simt", 0, p.splits, p.workspace, p.ws_ml)
         if dims.empty:
             self.last_plan = p
@@ -619,8 +685,12 @@ class AttentionKernel:
 
     def _plan(self, dims: Dims, dtype: DataType, tc_ok: bool) -> Plan:
         sm = int(self.rt.capabilities.sm_count)
+        # Every compute capability 9.0 part (H100/H200) has 227 KiB of opt-in shared memory,
+        # far above wg_smem_bytes(128) = 99 KiB.
+        cc = getattr(self.rt.capabilities, "compute_capability", None)
+        cc = tuple(cc) if cc is not None else None
         return plan(self.attrs, dims, dtype, sm, path=self.path, tc_ok=tc_ok,
-                    num_splits=self.num_splits)
+                    num_splits=self.num_splits, cc=cc)
 
     # -- launching -----------------------------------------------------------------------
     def _fn(self, variant: Variant, entry: str) -> Any:
@@ -658,7 +728,10 @@ class AttentionKernel:
     def _launch_fused(self, p: Plan, dims: Dims, dtype: DataType, q: TensorView, k: TensorView,
                       v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
         i32, i64, f32 = np.int32, np.int64, np.float32
-        if p.path == "tc":
+        if p.path == "wg":
+            variant, entry = _wg_variant(dtype, p.dp), "attn_fused_wg"
+            bm, threads, smem = WG_ROWS, WG_THREADS, wg_smem_bytes(p.dp)
+        elif p.path == "tc":
             nwarps, _ = TC_TILES[p.dp]
             variant, entry = _tc_variant(dtype, p.dp), "attn_fused_tc"
             bm, threads, smem = 16 * nwarps, 32 * nwarps, tc_smem_bytes(p.dp)

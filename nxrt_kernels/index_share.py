@@ -14,25 +14,29 @@ changes an output is launched; a broken row is a :class:`SelectedIndicesError` (
 ``KernelError``) naming [batch, head, query, column] and the reason. In capacity mode the
 bound is the per-batch valid length: the frontier kernel derives it from the bias on the
 device and only those B integers are read back (instead of the whole bias), so eager
-capacity mode costs one small device round trip. While the stream is capturing, the same
-rules run on the device (``is_validate``), which sets latch bit 512
+capacity mode costs one small device round trip. While the stream is capturing, the
+attention kernel itself checks the same rules as it stages each split's columns (every
+rule is local to a column and its left neighbour) and sets latch bit 512
 (``nxrt.latch.INDEX_SHARE_SELECTED_INDICES``); ``rt.latch.check()`` after a replay raises
 ``CaptureError`` naming it. Every gather index is clamped, so a poisoned replay never reads
 out of bounds (its Y is garbage, by design: the latch says so).
 
-Scratch (split-K partials, the capacity valid lengths) comes from the caller's workspace
-when given (``workspace_requirement`` covers every path and present mode the inputs allow;
-planning and execution share ``_plan``), else from a per-kernel pool with stable
-addresses that grows only in eager calls; needing to grow while capturing is a
+Scratch (split-K partials and counters, the capacity valid lengths) comes from the
+caller's workspace when given (``workspace_requirement`` covers every path and present
+mode the inputs allow; planning and execution share ``_plan``), else from per-kernel pools
+with stable addresses that grow only in eager calls; needing to grow while capturing is a
 ``CaptureError`` naming the missing warm-up. ``capture_support()`` is "no" until one eager
-``execute`` has compiled the kernels and sized the pool.
+``execute`` has compiled the kernels and sized the pools.
 
 Kernels (``cuda/index_share_*.cu``): a CUDA-core path for every dtype and head size
 (warps split the selected keys, 16-byte coalesced row gathers, shuffle reductions in a
 fixed order), and a tensor-core path for f16/bf16 with H in {64, 128} when >= 8 heads
 share an index row and a kv head (the group's heads form the MMA M dimension, so each
-gathered row is read once). Both are bitwise deterministic: fixed reduction orders, no
-floating-point atomics, and the split count depends only on shapes and the device.
+gathered row is read once per CTA; a multi-stage cp.async ring keeps several tiles of rows
+in flight). Decode rows split the selected keys over CTAs until they fill the GPU; the
+task's last CTA merges the split partials in split order. Both paths are bitwise
+deterministic: fixed reduction orders, no floating-point atomics, and the plan depends
+only on shapes and the device.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ from ._common import Variant
 from ._ref_index_share import (
     FLOAT_TYPES,
     INDEX_TYPES,
+    INPUT_NAMES,
     OP,
     Attributes,
     Geometry,
@@ -75,15 +80,21 @@ from ._ref_index_share import (
 )
 
 __all__ = ["IndexShareFactory", "IndexShareKernel", "compile_variants", "find_index_violation",
-           "check_selected_indices", "IndexViolation", "SelectedIndicesError"]
+           "check_selected_indices", "IndexViolation", "SelectedIndicesError", "MMA_LAYOUTS",
+           "PLAN_KNOBS"]
 
 _DTYPE_CODE = {DataType.FLOAT: 0, DataType.FLOAT16: 1, DataType.BFLOAT16: 2}
-_KT = 64  # keys per tensor-core tile
-_THREADS = 128
+_KT = 64  # keys per tensor-core tile (IS_KT)
+_SIMT_THREADS = 128
 _ALIGN = 256
-_AUX_ENTRIES = ("is_validate", "is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4",
-                "is_copy_w2", "is_scatter_w16", "is_scatter_w8", "is_scatter_w4",
-                "is_scatter_w2", "is_combine")
+_MAX_STAGES = 5  # deepest tensor-core ring the planner picks (the kernel takes up to 8)
+_AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_copy_w2",
+                "is_scatter_w16", "is_scatter_w8", "is_scatter_w4", "is_scatter_w2",
+                "is_combine")
+#: Tensor-core warp layouts (WM warps along heads x WN along each tile's keys) with builds.
+MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
+#: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
+PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge")
 
 
 def _aux_variant(dt: DataType) -> Variant:
@@ -95,9 +106,9 @@ def _simt_variant(dt: DataType, vec: int, cpl: int, rb: int) -> Variant:
                    {"IS_DTYPE": _DTYPE_CODE[dt], "IS_VEC": vec, "IS_CPL": cpl, "IS_RB": rb})
 
 
-def _mma_variant(dt: DataType, hd: int, wm: int) -> Variant:
+def _mma_variant(dt: DataType, hd: int, wm: int, wn: int) -> Variant:
     return Variant("index_share_mma.cu", ("is_attn_mma",),
-                   {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WM": wm})
+                   {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WM": wm, "IS_WN": wn})
 
 
 def compile_variants() -> list[Variant]:
@@ -110,7 +121,7 @@ def compile_variants() -> list[Variant]:
             out += [_simt_variant(dt, wide, 1, rb), _simt_variant(dt, wide, 2, rb),
                     _simt_variant(dt, 1, 4, rb)]
     for dt in (DataType.FLOAT16, DataType.BFLOAT16):
-        out += [_mma_variant(dt, hd, wm) for hd in (64, 128) for wm in (1, 4)]
+        out += [_mma_variant(dt, hd, wm, wn) for hd in (64, 128) for wm, wn in MMA_LAYOUTS]
     return out
 
 
@@ -128,18 +139,31 @@ class _Plan:
     path: str  # "simt" | "mma"
     variant: Variant
     entry: str
+    threads: int
     heads_per_cta: int
     hbk: int  # head blocks per kv head (shared index rows)
     units: int
+    tasks: int  # (batch, query, head block) tasks; each has `splits` CTAs
     splits: int
     cps: int  # columns per split
     lpk: int  # lanes per key (simt)
+    stages: int  # tensor-core ring depth (0 for simt)
+    merge: str  # "none" (one split) | "last" (the task's last CTA) | "kernel" (is_combine)
     smem: int
     grid: int
     part_o_off: int
     part_ml_off: int
     valid_off: int
+    cnt_off: int  # split counters (workspace path; the pool path keeps them apart)
     nbytes: int
+
+    @property
+    def knobs(self) -> dict[str, Any]:
+        """The knobs that pin this plan (see ``PLAN_KNOBS``)."""
+        wm = self.variant.defines.get("IS_WM")
+        wn = self.variant.defines.get("IS_WN")
+        return {"splits": self.splits, "wm": wm, "wn": wn, "stages": self.stages,
+                "merge": self.merge}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -155,20 +179,110 @@ def _mma_ok(g: Geometry) -> bool:
             and g.index_heads == 1 and g.group >= 8)
 
 
+def _mma_smem(wm: int, wn: int, stages: int, hd: int, cps: int) -> int:
+    """Dynamic shared memory of is_attn_mma (mirrors the kernel's layout)."""
+    lds = hd + 8
+    q = 16 * wm * lds * 2
+    ring = stages * 2 * _KT * lds * 2
+    merge = wm * (wn - 1) * (hd // 2 + 4) * 32 * 4 if wn > 1 else 0
+    return q + max(ring, merge) + cps * 4
+
+
+def _default_layout(group: int) -> tuple[int, int]:
+    """Warps along heads x along keys: enough 16-head MMA rows for the group, 8 warps."""
+    if group <= 16:
+        return 1, 4
+    if group <= 64:
+        return 4, 2
+    return 8, 1
+
+
+def _choose_splits(tasks: int, width: int, col_align: int, max_cps: int, slots: int) -> int:
+    """Split count minimising a wave model of the launch (a function of shapes and device).
+
+    Cost, in units of one tile's gather: waves x (tiles per split + 3 tiles of fixed
+    per-CTA latency: index staging, pipeline fill, epilogue) + 2 for the split merge.
+    Decode rows (few tasks) split until the CTAs fill one wave; prefill rows do not split.
+    """
+    ntiles = -(-width // col_align)
+    best, best_cost = 1, None
+    for s in range(1, min(32, ntiles) + 1):
+        cps = min(_round_up(-(-width // s), col_align), max_cps)
+        real = -(-width // cps)
+        if real != s:
+            continue
+        waves = -(-tasks * s // slots)
+        cost = waves * (cps // col_align + 3) + (2 if s > 1 else 0)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
 def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
-          capacity_scratch: bool) -> _Plan:
-    """Path, tiling, split-K and scratch layout. Raises KernelError if H cannot be served."""
+          capacity_scratch: bool, smem_max: int = 227 * 1024, smem_sm: int = 228 * 1024,
+          knobs: dict[str, Any] | None = None) -> _Plan:
+    """Path, tiling, split-K and scratch layout.
+
+    Raises
+    ------
+    KernelError
+        H cannot be served, the tensor-core path was forced where it does not apply, or
+        ``knobs`` ask for an impossible plan.
+    """
+    for name, value in (("num_heads", g.heads), ("S_q", g.q_len), ("S_cur", g.cur_len),
+                        ("S_past", g.past_len), ("K", g.width), ("head size", g.head_size)):
+        if value > 2**31 - 1:  # the kernels take these as 32-bit ints
+            raise KernelError(f"{OP}: {name}={value} must be < 2**31")
+    if g.mode == "capacity" and g.batch > 65535:  # the frontier kernel's grid.y
+        raise KernelError(f"{OP}: fixed-capacity mode supports batch <= 65535, got {g.batch}")
+    knobs = dict(knobs or {})
+    bad = set(knobs) - set(PLAN_KNOBS)
+    if bad:
+        raise KernelError(f"{OP}: unknown plan knobs {sorted(bad)}; known: {PLAN_KNOBS}")
     h, dt = g.head_size, g.dtype
     use_mma = path == "mma" or (path is None and aligned16 and _mma_ok(g))
     if use_mma and not (aligned16 and _mma_ok(g)):
         raise KernelError(f"{OP}: the tensor-core path needs f16/bf16, H in (64, 128), one "
                           "shared index head, >= 8 heads per kv head and 16-byte aligned tensors")
     shared = g.index_heads == 1
+    stages = 0
     if use_mma:
-        wm = 4 if g.group >= 48 else 1
-        hpc = 16 * wm
-        variant, entry, lpk = _mma_variant(dt, h, wm), "is_attn_mma", 0
-        col_align, max_cps, per_sm = _KT, 2048, 2
+        col_align, max_cps = _KT, 2048
+        cps_hi = min(max_cps, _round_up(g.width, col_align))
+        if "wm" in knobs or "wn" in knobs:
+            wm, wn = _default_layout(g.group)
+            wm, wn = int(knobs.get("wm", wm)), int(knobs.get("wn", wn))
+            if (wm, wn) not in MMA_LAYOUTS:
+                raise KernelError(f"{OP}: tensor-core layout (wm={wm}, wn={wn}) has no build; "
+                                  f"choose one of {MMA_LAYOUTS}")
+        else:  # the group's layout, or a smaller one where shared memory is short
+            first = _default_layout(g.group)
+            if first == (4, 2) and g.batch * g.q_len >= 4 * sm_count:
+                # Many independent rows (prefill): two 4-warp CTAs per SM with a 2-deep ring
+                # beat one 8-warp CTA with a deep ring (H200 sweep, N64 prefill at 8k/64k:
+                # 2.21 vs 2.65 ms, 2.11 vs 2.54 ms); decode keeps (4, 2) (0.049 vs 0.052 ms).
+                first = (4, 1)
+            order = [first, (4, 2), (4, 1), (1, 4)]
+            wm, wn = next((c for c in order if _mma_smem(*c, 2, h, cps_hi) <= smem_max),
+                          order[0])
+        hpc, threads = 16 * wm, 32 * wm * wn
+        variant, entry, lpk = _mma_variant(dt, h, wm, wn), "is_attn_mma", 0
+        # Eight warps per SM (the registers allow no more): one 8-warp CTA with the deepest
+        # ring that fits, or two 4-warp CTAs sharing the SM's shared memory.
+        per_sm = 2 if threads == 128 else 1
+        while True:
+            budget = min(smem_max, smem_sm // per_sm - 1024)
+            if "stages" in knobs:
+                stages = int(knobs["stages"])
+                if not 2 <= stages <= 8:
+                    raise KernelError(f"{OP}: stages={stages} must be in [2, 8]")
+            else:
+                stages = _MAX_STAGES
+                while stages > 2 and _mma_smem(wm, wn, stages, h, cps_hi) > budget:
+                    stages -= 1
+            if per_sm == 1 or _mma_smem(wm, wn, stages, h, cps_hi) <= budget:
+                break
+            per_sm = 1
     else:
         wide = 16 // dt.itemsize
         vec = wide if (h % wide == 0 and aligned16) else 1
@@ -182,21 +296,37 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                               f"key/value/past/output pointers (at most {_max_head_size(dt, h)})")
         lpk = min(32, _pow2_ceil(-(-nchunks // cpl)))
         hpc = 4 if (shared and g.group >= 2) else 1
-        variant, entry = _simt_variant(dt, vec, cpl, hpc), "is_attn_simt"
+        variant, entry, threads = _simt_variant(dt, vec, cpl, hpc), "is_attn_simt", _SIMT_THREADS
         col_align, max_cps, per_sm = 32, 4096, 4
     hbk = -(-g.group // hpc) if shared else 1
     units = g.kv_heads * hbk if shared else g.heads
     tasks = g.batch * g.q_len * units
-    target = sm_count * per_sm
-    want = 1 if tasks >= target else -(-target // max(tasks, 1))
-    splits = max(min(want, -(-g.width // 256)), -(-g.width // max_cps), 1)
+    if "splits" in knobs:
+        # The tensor-core finish keeps nh x (splits + 1) weights in the ring: at most 32.
+        splits = max(1, min(int(knobs["splits"]), -(-g.width // col_align),
+                            32 if use_mma else 1 << 30))
+    elif use_mma:
+        splits = _choose_splits(tasks, g.width, col_align, max_cps, max(1, sm_count * per_sm))
+    else:
+        target = sm_count * per_sm
+        want = 1 if tasks >= target else -(-target // max(tasks, 1))
+        splits = max(min(want, -(-g.width // 256)), -(-g.width // max_cps), 1)
     cps = min(_round_up(-(-g.width // splits), col_align), max_cps)
     splits = -(-g.width // cps)
     if use_mma:
-        lds = h + 8
-        smem = (hpc * lds + 4 * _KT * lds) * dt.itemsize + cps * 4
+        smem = _mma_smem(wm, wn, stages, h, cps)
+        if smem > smem_max:
+            raise KernelError(f"{OP}: the tensor-core plan needs {smem} bytes of shared memory "
+                              f"(wm={wm}, wn={wn}, stages={stages}, {cps} columns per split); "
+                              f"the device allows {smem_max}. Use fewer heads per kv head or "
+                              "the CUDA-core path (path_override='simt')")
     else:
         smem = _round_up(cps, 4) * 4 + (4 * hpc * h + 8 * hpc) * 4
+    merge = "none"
+    if splits > 1:
+        merge = str(knobs.get("merge", "last"))
+        if merge not in ("last", "kernel"):
+            raise KernelError(f"{OP}: merge={merge!r} must be 'last' or 'kernel'")
     grid = tasks * splits
     if grid > 2**31 - 1:
         raise KernelError(f"{OP}: {grid} thread blocks exceed the grid limit; use fewer "
@@ -205,11 +335,14 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     po = rows * splits * h * 4 if splits > 1 else 0
     pm = rows * splits * 2 * 4 if splits > 1 else 0
     vb = g.batch * 4 if capacity_scratch else 0
+    cb = tasks * 4 if merge == "last" else 0
     part_ml_off = _round_up(po, _ALIGN)
     valid_off = _round_up(part_ml_off + pm, _ALIGN)
-    nbytes = valid_off + vb if (po or vb) else 0
-    return _Plan("mma" if use_mma else "simt", variant, entry, hpc, hbk, units, splits, cps,
-                 lpk, smem, grid, 0, part_ml_off, valid_off, nbytes)
+    cnt_off = _round_up(valid_off + vb, _ALIGN)
+    nbytes = cnt_off + cb if (po or vb or cb) else 0
+    return _Plan("mma" if use_mma else "simt", variant, entry, threads, hpc, hbk, units, tasks,
+                 splits, cps, lpk, stages, merge, smem, grid, 0, part_ml_off, valid_off, cnt_off,
+                 nbytes)
 
 
 # ---------------------------------------------------------------------------------------
@@ -244,6 +377,11 @@ class IndexShareFactory:
         n_in = len(node.inputs) if node.inputs else len(dtypes)
         if not 6 <= n_in <= 7:
             return f"{OP}: expects 6 or 7 inputs, the node has {n_in}"
+        if node.inputs:
+            for i in (0, 1, 2, 5):
+                if not node.input_present(i):
+                    return (f"{OP}: required input {i} ({INPUT_NAMES[i]}) is absent in the "
+                            "node")
         n_out = sum(node.output_present(i) for i in range(len(node.outputs)))
         if node.outputs and not node.output_present(0):
             return f"{OP}: output 0 (Y) is required"
@@ -287,10 +425,15 @@ class IndexShareFactory:
 
 
 class _ScratchPool:
-    """One device buffer with a stable address, grown only outside capture."""
+    """One device buffer with a stable address, grown only outside capture.
 
-    def __init__(self, rt: Any) -> None:
+    With ``zeroed`` a new buffer is cleared when allocated (the split counters: kernels
+    leave them at zero, so they stay zero between launches).
+    """
+
+    def __init__(self, rt: Any, zeroed: bool = False) -> None:
         self.rt = rt
+        self.zeroed = zeroed
         self.ptr = 0
         self.nbytes = 0
 
@@ -306,6 +449,8 @@ class _ScratchPool:
                 "shapes before begin_capture() (or pass a workspace of "
                 "workspace_requirement() bytes)")
         new = self.rt.alloc_raw(nbytes)
+        if self.zeroed:
+            self.rt.memset(new, 0, nbytes)
         if self.ptr:
             self.rt.synchronize()  # earlier launches may still read the old buffer
             self.rt.free_raw(self.ptr)
@@ -328,8 +473,10 @@ def _gcd_width(*values: int) -> int:
 class IndexShareKernel:
     """One IndexShare node bound to a runtime (see the module docstring).
 
-    ``path_override`` (None, "simt" or "mma") pins the attention path; tests and benchmarks
-    use it, the default picks the fastest path that applies.
+    ``path_override`` (None, "simt" or "mma") pins the attention path, and
+    ``plan_override`` (a dict of ``PLAN_KNOBS``: splits, wm, wn, stages, merge) pins parts
+    of the plan; tests, benchmarks and sweeps use them, the defaults pick the plan the
+    planner predicts fastest. ``last_plan`` is the plan of the latest ``execute``.
     """
 
     def __init__(self, rt: Any, node: Node, attrs: Attributes) -> None:
@@ -337,7 +484,9 @@ class IndexShareKernel:
         self.node = node
         self.attrs = attrs
         self.path_override: str | None = None
+        self.plan_override: dict[str, Any] | None = None
         self._pool = _ScratchPool(rt)
+        self._counters = _ScratchPool(rt, zeroed=True)
         self._fns: dict[tuple, Any] = {}
         self._warm = False
         self.last_plan: _Plan | None = None
@@ -376,26 +525,37 @@ class IndexShareKernel:
                 err = err or exc
         if not geoms:
             raise err  # type: ignore[misc]
-        sm = self.rt.capabilities.sm_count
         need = 0
         for g in geoms:
-            need = max(need, _plan(g, sm, False, "simt", cap).nbytes)
+            # The scratch layout does not depend on the chunk width, and aligned tensors
+            # admit the widest heads (unaligned ones that cannot run are refused by execute).
+            need = max(need, self._make_plan(g, True, "simt", cap).nbytes)
             if self.path_override != "simt" and _mma_ok(g):
-                need = max(need, _plan(g, sm, True, "mma", cap).nbytes)
+                need = max(need, self._make_plan(g, True, "mma", cap).nbytes)
         return WorkspaceRequirement(need, _ALIGN) if need else WorkspaceRequirement.NONE
 
     def close(self) -> None:
         """Free the pooled scratch (the kernel stays usable; the next eager call regrows it)."""
         self._pool.release()
+        self._counters.release()
         self._warm = False
 
     def __del__(self) -> None:
         try:
             self._pool.release()
+            self._counters.release()
         except Exception as exc:  # never raise from a finaliser
             warnings.warn(f"{OP}: scratch not freed: {exc}", ResourceWarning, stacklevel=1)
 
     # -- helpers -----------------------------------------------------------------------
+    def _make_plan(self, g: Geometry, aligned16: bool, path: str | None, cap: bool) -> _Plan:
+        caps = self.rt.capabilities
+        smem_max = int(getattr(caps, "max_shared_per_block_optin", 227 * 1024))
+        smem_sm = int(getattr(caps, "max_shared_per_sm", 0) or smem_max + 1024)
+        # The CUDA-core path reads only the splits and merge knobs.
+        return _plan(g, caps.sm_count, aligned16, path, cap, smem_max, smem_sm,
+                     self.plan_override)
+
     def _fn(self, variant: Variant, entry: str, capturing: bool) -> Any:
         key = (variant.file, variant.options, entry)
         fn = self._fns.get(key)
@@ -468,22 +628,28 @@ class IndexShareKernel:
         aligned16 = all(p % 16 == 0 for p in ptrs)
         if self.path_override not in (None, "simt", "mma"):
             raise ValueError(f"path_override must be None, 'simt' or 'mma', got {self.path_override!r}")
-        plan = _plan(g, rt.capabilities.sm_count, aligned16, self.path_override,
-                     g.mode == "capacity")
+        plan = self._make_plan(g, aligned16, self.path_override, g.mode == "capacity")
         self.last_plan = plan
         capturing = rt.is_capturing()
         aux = _aux_variant(g.dtype)
         fn_attn = self._fn(plan.variant, plan.entry, capturing)
-        fn_val = self._fn(aux, "is_validate", capturing)
-        fn_comb = self._fn(aux, "is_combine", capturing) if plan.splits > 1 else None
+        fn_comb = self._fn(aux, "is_combine", capturing) if plan.merge == "kernel" else None
         if g.batch == 0:
             return
-        # Scratch: the caller's workspace, else the pool (stable address, grown eagerly).
+        # Scratch: the caller's workspace, else the pools (stable addresses, grown eagerly).
+        # Split counters must be zero before the launch: the pool's are (zeroed when
+        # allocated, left at zero by every launch); a workspace's are cleared each call.
+        counters = 0
         if workspace is not None:
             _common.check_workspace(OP, WorkspaceRequirement(plan.nbytes, _ALIGN), workspace)
             base = workspace.ptr
+            if plan.merge == "last" and g.q_len:
+                counters = base + plan.cnt_off
+                rt.memset(counters, 0, plan.tasks * 4)
         else:
             base = self._pool.ensure(plan.nbytes, capturing)
+            if plan.merge == "last" and g.q_len:
+                counters = self._counters.ensure(plan.tasks * 4, capturing)
         valid_ptr = base + plan.valid_off if g.mode == "capacity" else 0
         it = g.dtype.itemsize
         i32, i64 = np.int32, np.int64
@@ -491,18 +657,14 @@ class IndexShareKernel:
         if g.mode == "capacity":
             self._frontier(g, bias, valid_ptr, capturing)
         rows = g.batch * g.index_heads * g.q_len
-        if not capturing:
-            if rows:
-                bounds: Any = g.cache_len
-                if g.mode == "capacity":
-                    bounds = rt.dtoh(np.empty(g.batch, dtype=np.int32), valid_ptr)
-                host = rt.dtoh(np.empty(idx.shape, dtype=g.index_dtype.numpy), idx.ptr)
-                check_selected_indices(host, bounds)
-        elif rows:
-            rt.launch(fn_val, -(-rows // 8), 256,
-                      [idx.ptr, rt.capture_error_ptr(), valid_ptr, i64(rows),
-                       i32(g.index_heads * g.q_len), i32(g.width), i32(g.cache_len),
-                       i32(g.index_dtype == DataType.INT64)])
+        if not capturing and rows:
+            bounds: Any = g.cache_len
+            if g.mode == "capacity":
+                bounds = rt.dtoh(np.empty(g.batch, dtype=np.int32), valid_ptr)
+            host = rt.dtoh(np.empty(idx.shape, dtype=g.index_dtype.numpy), idx.ptr)
+            check_selected_indices(host, bounds)
+        # While capturing, the attention kernel checks the rows as it stages them (latch).
+        latch = rt.capture_error_ptr() if capturing else 0
 
         # Present K/V.
         if g.mode == "concat":
@@ -532,16 +694,17 @@ class IndexShareKernel:
         bs = bias_strides(g.bias_shape) if bias is not None else (0, 0, 0, 0)
         part_o = base + plan.part_o_off if plan.splits > 1 else 0
         part_ml = base + plan.part_ml_off if plan.splits > 1 else 0
-        rt.launch(fn_attn, plan.grid, _THREADS,
+        rt.launch(fn_attn, plan.grid, plan.threads,
                   [q.ptr, k0, v0, k1, v1, idx.ptr, bias.ptr if bias is not None else 0, y.ptr,
-                   part_o, part_ml, i64(bs[0]), i64(bs[1]), i64(bs[2]), i64(bs[3]),
+                   part_o, part_ml, counters, latch, valid_ptr,
+                   i64(bs[0]), i64(bs[1]), i64(bs[2]), i64(bs[3]),
                    i32(g.q_len), i32(g.heads), i32(g.group), i32(plan.units), i32(plan.hbk),
                    i32(g.index_heads == 1), i32(g.index_heads), i32(plan.splits), i32(g.width),
                    i32(plan.cps), i32(g.head_size), i32(len0), i32(len1), i32(g.cache_len),
                    i32(g.index_dtype == DataType.INT64), i32(bias is not None), i32(plan.lpk),
-                   np.float32(g.scale * math.log2(math.e))],
+                   i32(plan.stages), np.float32(g.scale * math.log2(math.e))],
                   shared_mem=plan.smem)
-        if plan.splits > 1:
+        if plan.merge == "kernel":
             n_rows = g.batch * g.q_len * g.heads
             rt.launch(fn_comb, self._blocks(n_rows * g.head_size), 256,
                       [part_o, part_ml, y.ptr, i64(n_rows), i32(plan.splits), i32(g.head_size),

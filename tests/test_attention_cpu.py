@@ -460,18 +460,24 @@ def compiled():
 def test_variant_list():
     files = {v.file for v in VARIANTS}
     assert files == {"attention_fused_tc.cu", "attention_fused_simt.cu", "attention_rows.cu",
-                     "attention_gemm.cu"}
+                     "attention_gemm.cu", "attention_wg.cu"}
+    wg = [v for v in VARIANTS if v.file == "attention_wg.cu"]
+    assert len(wg) == 4 and all(v.min_arch == 90 and v.arch_suffix == "a" for v in wg)
     assert len({(v.file, v.options) for v in VARIANTS}) == len(VARIANTS)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: f"{v.module}[{','.join(map(str, v.defines.values()))}]")
 def test_variant_compiles(v, arch, compiled):
+    if int(arch[3:]) < v.min_arch:
+        pytest.skip(f"{v.file} needs sm_{v.min_arch}{v.arch_suffix}")
     log, _, err = compiled[(id(v), arch)]
     if err is not None:
         raise err
     # No local-memory spills: they would cost more than the registers they save.
     assert "bytes spill stores" in log
+    # wgmma issued in order (no "wgmma serialization" fallback by ptxas).
+    assert "wgmma" not in log.lower(), log
     for line in log.splitlines():
         if "spill stores" in line:
             assert " 0 bytes spill stores" in line, line
@@ -550,6 +556,10 @@ LAUNCH_CASES = [
     (F32, "unfused", 2, 4, 2, 65, 129, 72, {"causal": 1}, False, None,
      ["attn_qk", "attn_softmax", "attn_pv"]),
     (BF16, "unfused", 1, 2, 2, 3, 0, 64, {}, False, None, ["attn_pv"]),
+    (BF16, "wg", 8, 16, 4, 600, 700, 128, {"causal": 1}, False, None, ["attn_fused_wg"]),
+    (F16, "wg", 1, 4, 4, 17, 1000, 64, {"softcap": 2.0}, True, None,
+     ["attn_fused_wg", "attn_combine"]),
+    (BF16, "wg", 1, 8, 1, 1, 1000, 64, {}, False, 3, ["attn_fused_wg", "attn_combine"]),
 ]
 
 
@@ -576,6 +586,36 @@ def test_launches_match_kernel_signatures(case, compiled):
         assert fused[3] == attention.tc_smem_bytes(kern.last_plan.dp)
     elif fused[0] == "attn_fused_simt":
         assert fused[3] == attention.simt_smem_bytes(D)
+    elif fused[0] == "attn_fused_wg":
+        assert fused[3] == attention.wg_smem_bytes(D) and fused[2] == (256, 1, 1)
+        assert fused[1][0] == B * Hkv * -(-(H // Hkv) * Sq // 128)
+
+
+def test_wg_planning(monkeypatch):
+    """path='wg' is refused where the kernel cannot run; auto takes it (prefill) with WG_DEFAULT."""
+    a = attention.Attrs(8, 2, True, None, 0.0, -1)
+    pre = attention.Dims(2, 8, 2, 1000, 1000, 128, 0)
+    dec = attention.Dims(2, 8, 2, 1, 1000, 128, 0)
+    h100 = (9, 0)
+    p = attention.plan(a, pre, BF16, 132, path="wg", cc=h100)
+    assert p.path == "wg" and p.dp == 128
+    for dims, dt, cc, tc_ok, why in [
+            (pre, F32, h100, True, "FLOAT"),
+            (attention.Dims(1, 8, 2, 64, 64, 80, 0), F16, h100, True, "D = 80"),
+            (pre, BF16, (8, 0), True, "compute capability"),
+            (pre, BF16, (10, 0), True, "compute capability"),
+            (pre, F16, h100, False, "strides")]:
+        with pytest.raises(KernelError, match=why):
+            attention.plan(a, dims, dt, 132, path="wg", tc_ok=tc_ok, cc=cc)
+    assert attention.WG_DEFAULT  # on since the H200 sweep
+    assert attention.plan(a, pre, BF16, 132, cc=h100).path == "wg"
+    monkeypatch.setattr(attention, "WG_DEFAULT", False)
+    assert attention.plan(a, pre, BF16, 132, cc=h100).path == "tc"
+    monkeypatch.setattr(attention, "WG_DEFAULT", True)
+    assert attention.plan(a, pre, BF16, 132, cc=(8, 9)).path == "tc"
+    assert attention.plan(a, pre, BF16, 132).path == "tc"  # unknown device
+    assert attention.plan(a, dec, BF16, 132, cc=h100).path == "tc"  # decode keeps tc + splits
+    assert attention.plan(a, pre, F32, 132, cc=h100).path == "simt"
 
 
 def test_unfused_owns_a_buffer_only_eagerly(compiled):

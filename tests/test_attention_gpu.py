@@ -300,3 +300,84 @@ def test_capture_replay_with_changed_contents(rt, ledger, rng, path, Sq, planes)
             out.fill_bytes(0xFF)
             ex.run()
             np.testing.assert_array_equal(out.numpy().view(np.uint16), replayed.view(np.uint16))
+
+
+# --------------------------------------------------------------------------- wgmma (path="wg")
+# The sm_90a wgmma kernel runs in a child process with its own CUDA context (as in
+# tests/test_paged_gpu.py): until it has been measured on the H200, a device fault there must
+# not poison the session's runtime and with it every GPU test after this one.
+# (dtype, B, H, Hkv, Sq, Sk, D, attrs, mask planes, splits)
+WG_CASES = [
+    (BF16, 1, 4, 4, 128, 128, 128, {}, 0, None),
+    (F16, 2, 4, 4, 17, 1000, 64, {}, 0, None),
+    (BF16, 1, 4, 4, 1000, 1000, 64, {"causal": 1}, 0, None),
+    (F16, 1, 8, 2, 1000, 1000, 128, {"causal": 1}, 0, None),
+    (BF16, 2, 8, 2, 128, 17, 128, {}, 0, None),
+    (F16, 1, 8, 2, 1, 1000, 128, {"causal": 1}, 0, None),   # decode: heuristic splits
+    (BF16, 2, 8, 1, 17, 128, 64, {"causal": 1}, 0, None),   # MQA, Sq < Sk
+    (F16, 1, 4, 2, 128, 17, 64, {"causal": 1}, 0, None),    # Sq > Sk: leading rows see nothing
+    (BF16, 1, 2, 2, 17, 1, 128, {}, 0, None),
+    (F16, 1, 8, 2, 1000, 128, 64, {}, 0, 3),                # forced splits
+    (BF16, 1, 8, 2, 128, 1000, 128, {"softcap": 5.0}, 0, None),
+    (F16, 1, 4, 4, 1000, 1000, 64, {"causal": 1, "local_window_size": 100}, 0, None),
+    (BF16, 1, 4, 2, 17, 1000, 128, {"local_window_size": 0}, 0, None),
+    (F16, 2, 4, 2, 128, 1000, 128, {"scale": 0.05, "softcap": 3.0, "causal": 1}, 8, None),
+    (BF16, 2, 4, 2, 17, 128, 64, {}, 2, None),
+]
+
+
+def _wg_child() -> None:
+    """Child-process body of test_wg_path_in_child_process: every case on a fresh runtime."""
+    import zlib
+
+    rt = nxrt.CudaRuntime(0)
+    before = rt.memory_stats().live_bytes
+    failures = []
+    for c in WG_CASES:
+        name = _ids(c[:9]) + f"-s{c[9]}"
+        try:
+            dtype, B, H, Hkv, Sq, Sk, D, attrs, planes, splits = c
+            rng = np.random.default_rng(zlib.crc32(name.encode()))
+            node = make_node(H, Hkv, _mask=bool(planes), **attrs)
+            host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes, masked_row=True)
+            kernel = AttentionKernel(rt, node, path="wg", num_splits=splits)
+            with Buffers(rt) as bufs:
+                got = run(rt, kernel, host, bufs)
+            assert kernel.last_plan.path == "wg", kernel.last_plan
+            if splits:
+                assert kernel.last_plan.splits == splits
+            want = check(node, host, got, dtype)
+            dead = ~np.any(want != 0, axis=-1)
+            assert np.all(got.astype(np.float32)[dead] == 0), "a row that sees no key is not 0"
+            print(f"wg {name}: ok (splits {kernel.last_plan.splits})", flush=True)
+        except Exception as exc:  # keep going: report every failing case
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            print(f"wg {name}: FAILED {exc}", flush=True)
+    rt.synchronize()
+    leaked = rt.memory_stats().live_bytes - before
+    rt.close()
+    assert not failures and leaked == 0, f"{failures}; leaked {leaked} bytes"
+
+
+def test_wg_path_in_child_process(rt):
+    if tuple(rt.capabilities.compute_capability) != (9, 0):
+        pytest.skip("path='wg' (sm_90a wgmma) needs compute capability 9.0")
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c",
+                        "from tests.test_attention_gpu import _wg_child; _wg_child()"],
+                       cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"child exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+
+
+def test_wg_refused_where_it_cannot_run(rt, ledger):
+    """Forcing path='wg' on what the kernel does not take is a KernelError before any launch."""
+    node = make_node(4, 2)
+    for dtype, D in ((F32, 64), (F16, 80), (BF16, 256)):
+        metas = [nxrt.TensorMetadata(dtype, (1, 4, 17, D)), nxrt.TensorMetadata(dtype, (1, 2, 33, D)),
+                 nxrt.TensorMetadata(dtype, (1, 2, 33, D))]
+        with pytest.raises(KernelError, match="path='wg'"):
+            AttentionKernel(rt, node, path="wg").workspace_requirement(metas)

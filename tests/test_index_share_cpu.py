@@ -11,6 +11,7 @@ import hashlib
 import math
 import shutil
 import subprocess
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nxrt.api import DataType, Node, TensorMut, TensorView
+from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
 from nxrt.errors import CaptureError, KernelError
 from nxrt.latch import INDEX_SHARE_SELECTED_INDICES, Latch
 from nxrt_kernels import factory_class, index_share, reference
@@ -338,7 +339,13 @@ def _compile_emu(builddir: Path, module: str, source: str, options, headers) -> 
     src = builddir / f"{module}-{key}.cu"
     src.write_text(source)
     for name, text in headers.items():
-        (builddir / name).write_text(text)
+        # Rewrite a header only when it changed, atomically: a compile running in another
+        # thread may be reading it (a truncated read was a flaky compile error).
+        path = builddir / name
+        if not path.exists() or path.read_text() != text:
+            tmp = path.with_suffix(path.suffix + f".{threading.get_ident()}.tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
     cmd = [_CXX, *_EMU_FLAGS, "-shared", f"-I{builddir}", "-x", "c++", *options, str(src),
            "-o", str(so) + ".tmp"]
     subprocess.run(cmd, check=True, capture_output=True)
@@ -497,8 +504,9 @@ _EMU_VARIANTS = [
     ("index_share_aux.cu", {"IS_DTYPE": 0}), ("index_share_aux.cu", {"IS_DTYPE": 2}),
     ("index_share_attn.cu", {"IS_DTYPE": 0, "IS_VEC": 4, "IS_CPL": 1, "IS_RB": 4}),
     ("index_share_attn.cu", {"IS_DTYPE": 2, "IS_VEC": 8, "IS_CPL": 1, "IS_RB": 1}),
-    ("index_share_mma.cu", {"IS_DTYPE": 2, "IS_HD": 64, "IS_WM": 1}),
-    ("index_share_mma.cu", {"IS_DTYPE": 1, "IS_HD": 128, "IS_WM": 4}),
+    ("index_share_mma.cu", {"IS_DTYPE": 2, "IS_HD": 64, "IS_WM": 1, "IS_WN": 4}),
+    ("index_share_mma.cu", {"IS_DTYPE": 1, "IS_HD": 128, "IS_WM": 4, "IS_WN": 2}),
+    ("index_share_mma.cu", {"IS_DTYPE": 2, "IS_HD": 64, "IS_WM": 4, "IS_WN": 1}),
 ]
 
 
@@ -659,3 +667,111 @@ def test_emulated_capture_before_warmup_and_growth(emu, rng):
     kern.close()
     _free(arrs + arrs2 + [y, y2])
     assert emu.live == 0
+
+
+@pytest.mark.parametrize("knobs", [
+    {"wm": 1, "wn": 4, "stages": 2, "splits": 1},
+    {"wm": 1, "wn": 4, "stages": 3, "splits": 2, "merge": "last"},
+    {"wm": 4, "wn": 1, "stages": 5, "splits": 1},
+    {"wm": 4, "wn": 1, "stages": 3, "splits": 2, "merge": "last"},
+    {"wm": 4, "wn": 2, "stages": 3, "splits": 2, "merge": "last"},
+], ids=["ring2", "ring3-split-last", "ring5-wn1", "ring3-wn1-split-last", "f16-h128-4x2"])
+def test_emulated_mma_ring_and_split_merge(emu, rng, knobs):
+    """Ring depths that wrap several times, every warp-layout kind, split-K merged in-kernel;
+    the is_combine merge gives the same bits."""
+    if knobs["wn"] == 2:  # the 8-warp layout, on the f16 H 128 build
+        dt, n, h, sq, k, past = np.float16, 48, 128, 1, 200, 300
+    else:
+        dt, n, h, sq, k, past = BF16, 16, 64, 2, 300, 500
+    ins = make_case(rng, b=1, n=n, nkv=1, sq=sq, cur=3, past=past, h=h, k=k, dtype=dt,
+                    bias_shape=(1, n, sq, past + 3), idx_dtype=np.int32)
+    ins[6].reshape(-1)[::11] = -np.inf
+    ins[5][0, 0, sq - 1, k - 50:] = -1  # a shorter row: padded tail columns and a partial tile
+    nd = node(n, 1)
+    want = reference.index_share(nd, ins)[0]
+    kern = index_share.IndexShareFactory(emu).create(nd)
+    kern.plan_override = knobs
+    outs, kern, arrs = run_emu(emu, nd, ins, "none", "mma", kernel=kern)
+    plan = kern.last_plan
+    assert (plan.path, plan.stages, plan.splits) == ("mma", knobs["stages"], knobs["splits"])
+    assert plan.threads == 32 * knobs["wm"] * knobs["wn"]
+    assert rel_fro(outs[0], want) < TOL[DataType.from_numpy(dt)], (plan, rel_fro(outs[0], want))
+    if plan.splits > 1:
+        assert plan.merge == "last"
+        kern.plan_override = dict(knobs, merge="kernel")
+        again, _, arrs2 = run_emu(emu, nd, ins, "none", "mma", kernel=kern)
+        assert kern.last_plan.merge == "kernel"
+        assert np.array_equal(again[0].view(np.uint16), outs[0].view(np.uint16))
+        _free(arrs2)
+        # A caller's workspace full of junk: its split counters are cleared per call.
+        kern.plan_override = knobs
+        metas = [a.view().meta if a is not None else TensorView.absent_slot() for a in arrs[:7]]
+        req = kern.workspace_requirement(metas)
+        ws = HostArray(emu, np.full(req.nbytes, 0xFF, dtype=np.uint8))
+        again, _, arrs3 = run_emu(emu, nd, ins, "none", "mma", kernel=kern,
+                                  ws=WorkspaceView(ws.ptr, req.nbytes))
+        assert np.array_equal(again[0].view(np.uint16), outs[0].view(np.uint16))
+        _free(arrs3 + [ws])
+    kern.close()
+    _free(arrs)
+
+
+def _mutations(rng, idx, bound):
+    """(indices, expect_latch) pairs: valid rows and rows broken at split boundaries."""
+    out = [(idx, False)]
+    k = idx.shape[-1]
+    for col in (0, 1, 64, 128, k - 1):  # 64-column splits: 64 and 128 start one
+        for kind in ("dup", "dec", "sentinel", "range", "pad_gap", "lead_pad"):
+            bad = idx.copy()
+            row = bad[1, 0, 1]
+            n = int((row != -1).sum())
+            c = min(col, n - 1)
+            if kind == "dup" and c > 0:
+                row[c] = row[c - 1]
+            elif kind == "dec" and c > 0:
+                row[c - 1], row[c] = row[c], row[c - 1]
+            elif kind == "sentinel":
+                row[c] = -2 - int(rng.integers(0, 100))
+            elif kind == "range":
+                row[c:n] = bound + np.arange(n - c)
+            elif kind == "pad_gap" and 0 < c < n - 1:
+                row[c] = -1
+            elif kind == "lead_pad":
+                row[0] = -1
+            else:
+                continue
+            out.append((bad, True))
+    return out
+
+
+def test_emulated_capture_validation_matches_host_rules(emu, rng):
+    """During capture the attention kernels check every row rule on the device: a replay
+    latches exactly when the host validator finds a violation (including at split
+    boundaries, where a column's left neighbour belongs to another CTA), for both paths."""
+    for path, n, nkv, dt, h in (("simt", 4, 2, np.float32, 16), ("mma", 8, 1, BF16, 64)):
+        b, sq, past, k = 2, 2, 300, 200
+        ins = make_case(rng, b=b, n=n, nkv=nkv, sq=sq, cur=1, past=past, h=h, k=k, dtype=dt,
+                        idx_dtype=np.int64)
+        ins[5][1, 0, 1] = np.sort(rng.choice(past + 1, size=k, replace=False))  # a full row
+        nd = node(n, nkv)
+        arrs = [None if a is None else HostArray(emu, a) for a in ins]
+        views = [a.view() if a else TensorView.absent_slot() for a in arrs]
+        y = HostArray(emu, np.zeros(ins[0].shape, dtype=dt))
+        kern = index_share.IndexShareFactory(emu).create(nd)
+        kern.path_override = path
+        kern.plan_override = {"splits": 4}  # 64-column splits: boundaries at 64, 128, ...
+        kern.execute(views, [y.mut()])
+        assert kern.last_plan.splits == 4 and kern.last_plan.cps == 64
+        emu.begin_capture()
+        kern.execute(views, [y.mut()])
+        graph = emu.end_capture()
+        emu.latch.read(clear=True)
+        for bad, expect in _mutations(rng, ins[5], past + 1):
+            host = find_index_violation(bad, past + 1)
+            assert (host is not None) == expect, (path, bad[1, 0, 1, :4], host)
+            arrs[5].rt.htod(arrs[5].ptr, bad)
+            graph.replay()
+            bits = emu.latch.read(clear=True)
+            assert bool(bits & INDEX_SHARE_SELECTED_INDICES) == expect, (path, host)
+        kern.close()
+        _free(arrs + [y])

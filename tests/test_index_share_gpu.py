@@ -288,3 +288,46 @@ def test_torch_tensors_and_workspace(rt, ledger, rng):
     finally:
         rt.free_raw(ws)
         kern.close()
+
+
+@pytest.mark.parametrize("shape", ["decode", "prefill"])
+def test_mma_plans_agree(rt, ledger, rng, shape):
+    """Every tensor-core layout, ring depth and split merge matches the reference; the
+    in-kernel split merge and is_combine give the same bits; repeated runs are bitwise equal
+    (the last-CTA merge must not depend on which CTA finishes last)."""
+    if shape == "decode":  # few tasks: the planner splits the 2048 keys over many CTAs
+        b, sq, past, k = 3, 1, 5000, 2048
+    else:  # many (query) tasks, a padded row
+        b, sq, past, k = 1, 37, 700, 300
+    ins = case(rng, dtype=BF16, b=b, n=128, nkv=1, sq=sq, cur=sq, past=past, h=128, k=k, hi=1,
+               bias=(1, 128, sq, "C") if shape == "prefill" else None, idt=np.int32,
+               mode="none")
+    nd = make_node(128, 1)
+    want = reference.index_share(nd, ins)[0]
+    arrs, views = upload(rt, ins)
+    y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    plans = [None, {"merge": "kernel"}, {"wm": 4, "wn": 2}, {"wm": 4, "wn": 1, "stages": 2},
+             {"stages": 3, "splits": 3}, {"stages": 3, "splits": 3, "merge": "kernel"},
+             {"splits": 1}]
+    got = {}
+    try:
+        for knobs in plans:
+            kern.plan_override = knobs
+            a = run(rt, kern, views, [y])[0]
+            plan = kern.last_plan
+            assert plan.path == "mma"
+            err = rel_fro(a, want)
+            assert err < TOL[DataType.BFLOAT16], (knobs, plan, err)
+            key = (plan.knobs["wm"], plan.knobs["wn"], plan.splits)
+            if key in got:  # the same splits: bitwise the same whatever the merge or depth
+                assert np.array_equal(got[key].view(np.uint16), a.view(np.uint16)), (knobs, plan)
+            got[key] = a
+        kern.plan_override = None
+        first = run(rt, kern, views, [y])[0]
+        assert shape == "prefill" or kern.last_plan.splits > 1
+        for _ in range(4):
+            assert np.array_equal(run(rt, kern, views, [y])[0].view(np.uint16), first.view(np.uint16))
+    finally:
+        kern.close()
+        free(arrs, [y])

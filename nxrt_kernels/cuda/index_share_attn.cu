@@ -55,12 +55,16 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_simt(
     const is_t* __restrict__ q, const is_t* __restrict__ k0, const is_t* __restrict__ v0,
     const is_t* __restrict__ k1, const is_t* __restrict__ v1, const void* __restrict__ idx,
     const is_t* __restrict__ bias, is_t* __restrict__ y, float* __restrict__ part_o,
-    float* __restrict__ part_ml, long long bsb, long long bsh, long long bsq, long long bsk,
-    int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K, int cps, int H,
-    int len0, int len1, int bound, int idx64, int has_bias, int lpk, float scale_log2) {
+    float* __restrict__ part_ml, unsigned* __restrict__ counters, unsigned* __restrict__ latch,
+    const int* __restrict__ valid_len, long long bsb, long long bsh, long long bsq,
+    long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K,
+    int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,
+    int stages, float scale_log2) {
   IS_DYN_SMEM(smem);
-  __shared__ int s_live;
+  __shared__ int s_live, s_flag;
   const int cps_pad = (cps + 3) & ~3;
+  IS_DYN_SMEM_NEED((long long)cps_pad * 4 + (IS_NW * IS_RB * H + 2 * IS_NW * IS_RB) * 4);
+  (void)stages;  // the tensor-core path's ring depth; this path streams through registers
   int* s_key = reinterpret_cast<int*>(smem);
   float* s_o = reinterpret_cast<float*>(smem + (long long)cps_pad * 4);  // [NW][RB][H]
   float* s_m = s_o + IS_NW * IS_RB * H;                                  // [NW][RB]
@@ -73,7 +77,9 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_simt(
   const int c_begin = t.s * cps;
   const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
   const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K;
-  const int live = is_stage_keys(idx, irow, idx64, c_begin, ncols, bound, s_key, &s_live);
+  const int vbound = (latch && valid_len) ? valid_len[t.b] : bound;
+  const int live = is_stage_keys(idx, irow, idx64, c_begin, ncols, bound, s_key, &s_live, latch,
+                                 vbound);
 
   const int kpw = 32 / lpk;
   const int kl = lane / lpk, cl = lane - kl * lpk;
@@ -212,6 +218,9 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_simt(
     is_merge_parts(s_m + r, s_l + r, s_o + r * H + d, IS_NW, IS_RB, IS_RB * H, &M, &L, &O);
     is_write_out(y, part_o, part_ml, S, t.s, t.b, t.h0 + r, t.qi, Sq, N, H, d, M, L, O);
   }
+  if (S > 1 && counters)
+    is_finish_if_last(counters, t.task, S, part_o, part_ml, y, t.b, t.qi, Sq, N, t.h0, t.nh, H,
+                      &s_flag);
 }
 
 #ifdef NXRT_EMU

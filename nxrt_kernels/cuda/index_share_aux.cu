@@ -1,41 +1,7 @@
-// IndexShare helper kernels: capture-time index validation, the fixed-capacity frontier,
-// present K/V copies and scatters, and the deterministic split combine.
+// IndexShare helper kernels: the fixed-capacity frontier, present K/V copies and scatters,
+// and the deterministic split combine. (Capture-time index validation runs inside the
+// attention kernels, in is_stage_keys.)
 #include "index_share_common.cuh"
-
-// One warp per selected_indices row [b, ih, q] (rows = B*HI*Sq). The rules match the host
-// validator (nxrt_kernels._ref_index_share.find_index_violation): no entry below -1, no
-// entry after the first -1, every entry < bound (per batch from valid_len when given),
-// strictly increasing, and not all -1. A broken row sets the latch bit; the host decodes
-// it with rt.latch.check() after the replay.
-extern "C" __global__ void __launch_bounds__(256) is_validate(
-    const void* __restrict__ idx, unsigned* __restrict__ latch, const int* __restrict__ valid_len,
-    long long rows, int rows_per_batch, int K, int bound, int idx64) {
-  const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return;  // whole warps leave together: no collective below is split
-  const long long base = row * K;
-  const int bnd = valid_len ? valid_len[row / rows_per_batch] : bound;
-  int first_pad = K;
-  for (int c = lane; c < K; c += 32) {
-    if (is_load_index(idx, base + c, idx64) == -1) {
-      first_pad = c;
-      break;  // later columns of this lane are larger
-    }
-  }
-  first_pad = is_warp_min(first_pad);
-  int bad = first_pad == 0;  // all -1, or an index right after a leading -1
-  for (int c = lane; c < K && !bad; c += 32) {
-    const long long v = is_load_index(idx, base + c, idx64);
-    if (v == -1) continue;
-    if (v < -1 || c > first_pad || v >= (long long)bnd) {
-      bad = 1;
-    } else if (c > 0) {
-      const long long p = is_load_index(idx, base + c - 1, idx64);
-      if (v <= p) bad = 1;  // p != -1 here: a -1 before c means c > first_pad
-    }
-  }
-  if (__any_sync(IS_FULL, bad) && lane == 0) atomicOr(latch, IS_LATCH_BIT);
-}
 
 // valid_len[b] = max(valid_len[b], 1 + last column k with a finite bias for batch b).
 // grid = (chunks, B); the bias is contiguous [pb, ph, pq, pk] (right-aligned, size-1
@@ -118,8 +84,9 @@ IS_SCATTER_ENTRY(is_scatter_w8, uint2)
 IS_SCATTER_ENTRY(is_scatter_w4, unsigned)
 IS_SCATTER_ENTRY(is_scatter_w2, unsigned short)
 
-// Combine S split partials per output element in split order (deterministic):
-// rows = B*Sq*N, partial p = row*S + s, row = (b*Sq + q)*N + h.
+// Combine S split partials per output element in split order (deterministic, the same
+// arithmetic as the in-kernel finish): rows = B*Sq*N, partial p = row*S + s,
+// row = (b*Sq + q)*N + h.
 extern "C" __global__ void __launch_bounds__(256) is_combine(
     const float* __restrict__ part_o, const float* __restrict__ part_ml, is_t* __restrict__ y,
     long long rows, int S, int H, int Sq, int N) {
@@ -128,19 +95,15 @@ extern "C" __global__ void __launch_bounds__(256) is_combine(
        i += (long long)gridDim.x * blockDim.x) {
     const long long row = i / H;
     const int d = (int)(i - row * H);
-    float M, L, O;
-    is_merge_parts(part_ml + row * S * 2, part_ml + row * S * 2 + 1, part_o + row * S * H + d, S,
-                   2, H, &M, &L, &O);
     const int h = (int)(row % N);
     const long long bq = row / N;
     const int qi = (int)(bq % Sq);
     const long long b = bq / Sq;
-    is_store(y + ((b * N + h) * (long long)Sq + qi) * H + d, L > 0.f ? O / L : 0.f);
+    is_finish_element(part_o, part_ml, y, row * S, S, H, d, ((b * N + h) * (long long)Sq + qi) * H + d);
   }
 }
 
 #ifdef NXRT_EMU
-IS_EMU_EXPORT(is_validate)
 IS_EMU_EXPORT(is_frontier)
 IS_EMU_EXPORT(is_copy_w16)
 IS_EMU_EXPORT(is_copy_w8)

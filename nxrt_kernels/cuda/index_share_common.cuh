@@ -65,32 +65,63 @@ __device__ __forceinline__ int is_warp_max(int v) {
   for (int off = 16; off > 0; off >>= 1) v = is_imax(v, __shfl_xor_sync(IS_FULL, v, off));
   return v;
 }
-__device__ __forceinline__ int is_warp_min(int v) {
-  for (int off = 16; off > 0; off >>= 1) v = is_imin(v, __shfl_xor_sync(IS_FULL, v, off));
-  return v;
-}
 
 // Stage one split's column range of an index row into shared memory as a clamped key
 // (or -1 for a masked column) and return the split's live length: one past its last
 // selected column. Valid rows pad only at the end, so the live prefix is every column
-// before the padding. The clamp to [0, bound) is what keeps a poisoned replay (caught by
-// is_validate, decoded by rt.latch.check()) from ever gathering out of bounds.
+// before the padding. The clamp to [0, bound) is what keeps a poisoned replay from ever
+// gathering out of bounds.
+//
+// With `latch` set (the stream is capturing) the same pass checks the row rules of
+// nxrt_kernels._ref_index_share.find_index_violation on this split's columns against
+// `vbound` (the cache length, or the batch's valid length in capacity mode) and latches
+// IS_LATCH_BIT on a violation. Every rule is local to a column and its left neighbour, so
+// the splits of a row together check it all: an entry < -1; a -1 in column 0 (an all -1
+// row, or an index after a leading -1); a non-(-1) entry >= vbound, right after a -1
+// (after padding), or <= its left neighbour (duplicate / not increasing).
 // Needs a __shared__ int scratch word; ends with a __syncthreads().
 __device__ __forceinline__ int is_stage_keys(const void* idx, long long row_off, int idx64,
                                              int c_begin, int ncols, int bound, int* s_key,
-                                             int* s_live) {
+                                             int* s_live, unsigned* latch, int vbound) {
   if (threadIdx.x == 0) *s_live = 0;
   __syncthreads();
   int live = 0;
-  for (int i = threadIdx.x; i < ncols; i += blockDim.x) {
-    const long long raw = is_load_index(idx, row_off + c_begin + i, idx64);
-    int key = -1;
-    if (raw >= 0) {
-      key = raw < (long long)bound ? (int)raw : bound - 1;
-      live = i + 1;
+  bool bad = false;
+  const int nt = (int)blockDim.x;
+  for (int i0 = 0; i0 < ncols; i0 += 8 * nt) {
+    // Eight independent loads per thread before any use: one memory latency for a whole
+    // 2048-column split on 256 threads.
+    long long raw[8], prev[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * nt + (int)threadIdx.x;
+      raw[u] = -1;
+      prev[u] = -1;
+      if (i < ncols) {
+        const long long c = (long long)c_begin + i;
+        raw[u] = is_load_index(idx, row_off + c, idx64);
+        if (latch && c > 0) prev[u] = is_load_index(idx, row_off + c - 1, idx64);
+      }
     }
-    s_key[i] = key;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int i = i0 + u * nt + (int)threadIdx.x;
+      if (i >= ncols) continue;
+      const long long r = raw[u];
+      int key = -1;
+      if (r >= 0) {
+        key = r < (long long)bound ? (int)r : bound - 1;
+        live = i + 1;
+      }
+      s_key[i] = key;
+      if (latch) {
+        const int c = c_begin + i;
+        bad = bad || r < -1 || (c == 0 && r == -1) ||
+              (r != -1 && (r >= (long long)vbound || (c > 0 && (prev[u] == -1 || r <= prev[u]))));
+      }
+    }
   }
+  if (bad) atomicOr(latch, IS_LATCH_BIT);
   live = is_warp_max(live);
   if ((threadIdx.x & 31) == 0) atomicMax(s_live, live);  // integer max: order-independent
   __syncthreads();
@@ -107,8 +138,9 @@ __device__ __forceinline__ const is_t* is_row(const is_t* seg0, const is_t* seg1
 
 // Task decode shared by both attention paths. blockIdx.x = ((bq * S) + s) * U + u, with the
 // head block u fastest so CTAs that gather the same rows run side by side (L2 reuse).
+// `task` = bq * U + u numbers the (batch, query, head block) tasks (split-K counters).
 struct IsTask {
-  long long b;
+  long long b, task;
   int qi, s, kvh, h0, nh, ih;
 };
 
@@ -120,6 +152,7 @@ __device__ __forceinline__ IsTask is_decode_task(int Sq, int G, int U, int HBK, 
   x /= U;
   t.s = (int)(x % S);
   x /= S;
+  t.task = x * U + u;
   t.qi = (int)(x % Sq);
   t.b = x / Sq;
   if (shared_idx) {
@@ -137,24 +170,44 @@ __device__ __forceinline__ IsTask is_decode_task(int Sq, int G, int U, int HBK, 
   return t;
 }
 
+// A float from shared memory (kCg = false) or from split partials other CTAs wrote in this
+// launch (kCg = true: ld.global.cg, served by L2, never a stale L1 line).
+template <bool kCg>
+__device__ __forceinline__ float is_ldf(const float* p) {
+  if constexpr (kCg) {
+    return __ldcg(p);
+  } else {
+    return *p;
+  }
+}
+
 // Merge (m, l, o) partial softmax states in a fixed order (log2 domain). Returns the
 // merged output value for one element; *L_out gets the merged denominator.
+template <bool kCg = false>
 __device__ __forceinline__ void is_merge_parts(const float* m, const float* l, const float* o,
                                                int n, int stride_ml, int stride_o, float* M_out,
                                                float* L_out, float* O_out) {
   float M = is_neg_inf();
-  for (int w = 0; w < n; ++w) M = fmaxf(M, m[w * stride_ml]);
+  for (int w = 0; w < n; ++w) M = fmaxf(M, is_ldf<kCg>(m + w * stride_ml));
   float L = 0.f, O = 0.f;
   if (M != is_neg_inf()) {
     for (int w = 0; w < n; ++w) {
-      const float a = exp2f(m[w * stride_ml] - M);  // -inf parts contribute 0
-      L += l[w * stride_ml] * a;
-      O += o[w * stride_o] * a;
+      const float a = exp2f(is_ldf<kCg>(m + w * stride_ml) - M);  // -inf parts contribute 0
+      // Explicit FMAs: every merge of split partials (is_combine, both in-kernel finishes)
+      // rounds exactly the same way, whatever the compiler would contract.
+      L = __fmaf_rn(is_ldf<kCg>(l + w * stride_ml), a, L);
+      O = __fmaf_rn(is_ldf<kCg>(o + w * stride_o), a, O);
     }
   }
   *M_out = M;
   *L_out = L;
   *O_out = O;
+}
+
+// Split partial row index: rows (b, q, h) in that order, S partials per row.
+__device__ __forceinline__ long long is_prow(long long b, int qi, int Sq, int N, int h, int S,
+                                             int s) {
+  return ((b * Sq + qi) * (long long)N + h) * S + s;
 }
 
 // Write one finished element: the output when the row has one split, else the split's
@@ -165,7 +218,7 @@ __device__ __forceinline__ void is_write_out(is_t* y, float* part_o, float* part
   if (S == 1) {
     is_store(y + ((b * N + h) * (long long)Sq + qi) * H + d, L > 0.f ? O / L : 0.f);
   } else {
-    const long long prow = ((b * Sq + qi) * (long long)N + h) * S + s;
+    const long long prow = is_prow(b, qi, Sq, N, h, S, s);
     part_o[prow * H + d] = O;
     if (d == 0) {
       part_ml[prow * 2] = M;
@@ -174,8 +227,48 @@ __device__ __forceinline__ void is_write_out(is_t* y, float* part_o, float* part
   }
 }
 
+// Merge the S split partials of one output element in split order and store it. Shared by
+// the in-kernel finish and is_combine, so both give the same bits.
+__device__ __forceinline__ void is_finish_element(const float* part_o, const float* part_ml,
+                                                  is_t* y, long long prow0, int S, int H, int d,
+                                                  long long y_off) {
+  float M, L, O;
+  is_merge_parts<true>(part_ml + prow0 * 2, part_ml + prow0 * 2 + 1, part_o + prow0 * H + d, S, 2,
+                       H, &M, &L, &O);
+  is_store(y + y_off, L > 0.f ? O / L : 0.f);
+}
+
+// In-kernel split-K finish (S > 1, counters given). Call with every thread of the CTA after
+// it wrote its partials for heads [h0, h0 + nh) of (b, qi). The task's last CTA to arrive
+// merges all S partials in split order — the same arithmetic whichever CTA it is, so Y is
+// bitwise reproducible — and re-arms the task's counter. Counters start at zero (the host
+// zeroes them when it allocates them) and every launch leaves them at zero.
+__device__ __forceinline__ void is_finish_if_last(unsigned* counters, long long task, int S,
+                                                  const float* part_o, const float* part_ml,
+                                                  is_t* y, long long b, int qi, int Sq, int N,
+                                                  int h0, int nh, int H, int* s_flag) {
+  __threadfence();  // this thread's partial stores, device-wide, before the arrival below
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
+    *s_flag = atomicAdd(counters + task, 1u) == (unsigned)(S - 1);
+  }
+  __syncthreads();
+  if (!*s_flag) return;  // uniform: the whole CTA leaves
+  __threadfence();
+  for (int i = threadIdx.x; i < nh * H; i += blockDim.x) {
+    const int r = i / H, d = i - r * H;
+    is_finish_element(part_o, part_ml, y, is_prow(b, qi, Sq, N, h0 + r, S, 0), S, H, d,
+                      ((b * N + h0 + r) * (long long)Sq + qi) * H + d);
+  }
+  if (threadIdx.x == 0) counters[task] = 0u;  // the next launch (stream order) starts at zero
+}
+
 #ifdef NXRT_EMU
 #define IS_DYN_SMEM(name) unsigned char* name = emu_dynamic_smem()
+// The emulation checks that the host sized the dynamic shared memory for what the kernel uses.
+#define IS_DYN_SMEM_NEED(nbytes) emu_check_dynamic_smem((size_t)(nbytes))
 #else
 #define IS_DYN_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#define IS_DYN_SMEM_NEED(nbytes) ((void)0)
 #endif

@@ -34,6 +34,11 @@ struct __half2 { __half x, y; };
 struct __nv_bfloat162 { __nv_bfloat16 x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
+struct alignas(8) float2 { float x, y; };
+inline float2 make_float2(float a, float b) { return float2{a, b}; }
+struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -287,6 +292,10 @@ int param_sizes(void (*)(A...), int* out) {
 #define gridDim (emu::st().grid)
 
 inline unsigned char* emu_dynamic_smem() { return emu::st().dyn.data(); }
+// The kernel's own account of the dynamic shared memory it uses must fit the launch's.
+inline void emu_check_dynamic_smem(size_t need) {
+  if (need + 16 > emu::st().dyn.size()) emu::fail("kernel needs more dynamic shared memory than launched");
+}
 inline void __syncthreads() { emu::block_barrier(); }
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int mask) { return emu::exchange(v, emu::lane() ^ mask); }
@@ -306,6 +315,10 @@ inline int __all_sync(unsigned, int p) {
 }
 inline unsigned atomicOr(unsigned* p, unsigned v) { unsigned o = *p; *p |= v; return o; }
 inline int atomicMax(int* p, int v) { int o = *p; if (v > o) *p = v; return o; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned o = *p; *p += v; return o; }
+inline void __threadfence() {}  // blocks run one after another: stores are already visible
+inline float __ldcg(const float* p) { return *p; }
+inline float4 __ldcg(const float4* p) { return *p; }
 
 inline void emu_cp_async16(void* dst, const void* src, int n) {
   if (reinterpret_cast<uintptr_t>(dst) % 16) emu::fail("cp.async destination not 16-byte aligned");

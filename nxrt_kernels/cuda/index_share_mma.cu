@@ -2,15 +2,20 @@
 //
 // For a shared index row (index heads = 1) the heads of one kv group attend to the same
 // gathered rows, so the group's heads are the M dimension of a flash-attention tile:
-// one CTA (4 warps) takes 16*WM heads of one (batch, query, kv head) and a split of the
-// selected keys. Each tile of 64 selected K and V rows is gathered with 16-byte cp.async
-// (consecutive threads → consecutive chunks of one row: coalesced), double-buffered in
-// padded shared memory (conflict-free ldmatrix), and consumed by m16n8k16 MMAs:
-// S = Q·Kᵀ, online softmax per head row (fixed-order quad reductions), O += P·V.
-// WM = 4: each warp owns 16 heads and every key. WM = 1: the 4 warps split each tile's keys
-// and merge their softmax states in warp order at the end. No atomics touch the math.
+// one CTA of WM x WN warps takes 16*WM heads of one (batch, query, kv head) and a split of
+// the selected keys. Warp (wm, wn) owns heads 16*wm.. and keys wn*KT/WN.. of every tile.
+// Each tile of KT selected K and V rows is gathered with 16-byte cp.async (consecutive
+// threads -> consecutive chunks of one row: coalesced) into an ST-stage ring in padded
+// shared memory (conflict-free ldmatrix); `stages` - 1 tiles are in flight while one is
+// consumed, with one __syncthreads per tile. The ring depth is a launch argument (the host
+// picks the deepest that fits), so one build serves every depth. Per tile: S = Q*K^T (m16n8k16 MMAs, Q fragments held in
+// registers), online softmax per head row (fixed-order quad reductions, log2 domain),
+// O += P*V. With WN > 1 the warps of a head block merge their states in warp order at the
+// end. Split partials are merged by the task's last CTA (is_finish_if_last) or by
+// is_combine; nothing touches the math with atomics, so the result is bitwise stable.
 //
-// Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_WM (1 or 4).
+// Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_WM (1, 2, 4, 8), IS_WN (1, 2,
+// 4), IS_KT (keys per tile, a multiple of 16 * IS_WN).
 #include "index_share_mma.cuh"
 
 #ifndef IS_HD
@@ -19,57 +24,189 @@
 #ifndef IS_WM
 #define IS_WM 4
 #endif
-#define IS_WN (4 / IS_WM)
-#define IS_MROWS (16 * IS_WM)
+#ifndef IS_WN
+#define IS_WN 1
+#endif
+#ifndef IS_KT
 #define IS_KT 64
-#define IS_KW (IS_KT / IS_WN)
+#endif
+#define IS_THREADS (32 * IS_WM * IS_WN)
+#define IS_MROWS (16 * IS_WM)
+#define IS_KW (IS_KT / IS_WN)  // keys of a tile per warp
 #define IS_NT (IS_KW / 8)
 #define IS_LDS (IS_HD + 8)  // 16-byte row pad: the 8 rows of an ldmatrix hit 8 bank groups
-#define IS_CPR (IS_HD / 8)
+#define IS_CPR (IS_HD / 8)  // 16-byte chunks per row
 #define IS_KSTEPS (IS_HD / 16)
 #define IS_DT (IS_HD / 8)
+#define IS_STAGE (2 * IS_KT * IS_LDS)  // elements of one stage: KT K rows, then KT V rows
+#define IS_CHUNKS (2 * IS_KT * IS_CPR)  // 16-byte copies per stage
 
-// Shared memory (dynamic): sQ[MROWS][LDS], sK[2][KT][LDS], sV[2][KT][LDS] (is_t), then
-// s_key[cps] ints. After the key loop the sK/sV area holds the warps' partial states.
-extern "C" __global__ void __launch_bounds__(128) is_attn_mma(
+static_assert(IS_HD == 64 || IS_HD == 128, "IS_HD must be 64 or 128");
+static_assert(IS_KW % 16 == 0, "each warp needs whole 16-key steps of a tile");
+#define IS_MAX_STAGES 8  // is_cp_async_wait_dyn covers up to 6 pending groups
+static_assert(IS_THREADS <= 256, "at most 8 warps");
+static_assert(IS_CHUNKS % IS_THREADS == 0, "every thread issues the same copies per stage");
+
+// Dynamic shared memory, in bytes (the host mirrors this in index_share._mma_smem):
+// sQ[MROWS][LDS], then a union of the stage ring (K then V rows of each stage), the states
+// warps hand over in the WN > 1 merge, and the split finish's weights, then s_key[cps] ints.
+#define IS_Q_BYTES (IS_MROWS * IS_LDS * 2)
+#define IS_XS (IS_DT * 4 + 4)  // floats a lane hands over in the warp merge: O, m, l
+#define IS_MERGE_BYTES (IS_WN > 1 ? IS_WM * (IS_WN - 1) * IS_XS * 32 * 4 : 0)
+
+// cp.async.wait_group takes an immediate: dispatch the (uniform) pending count.
+__device__ __forceinline__ void is_cp_async_wait_dyn(int n) {
+#ifdef NXRT_EMU
+  emu_cp_async_wait(n);
+#else
+  switch (n) {
+    case 6: is_cp_async_wait(6); break;
+    case 5: is_cp_async_wait(5); break;
+    case 4: is_cp_async_wait(4); break;
+    case 3: is_cp_async_wait(3); break;
+    case 2: is_cp_async_wait(2); break;
+    case 1: is_cp_async_wait(1); break;
+    default: is_cp_async_wait(0); break;  // waiting for more is always safe
+  }
+#endif
+}
+
+// In-kernel split-K finish of the tensor-core path (see is_finish_if_last): the same
+// arithmetic, vectorised so the merging CTA pays a few memory latencies, not one per
+// element: per-row split weights once (into `s_w`, shared memory for nh * (S + 1)
+// floats), then float4 partial loads, 8 chunks x 2 splits in flight per thread.
+__device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long long task, int S,
+                                                     const float* part_o, const float* part_ml,
+                                                     is_t* y, long long b, int qi, int Sq, int N,
+                                                     int h0, int nh, int* s_flag, float* s_w) {
+  __threadfence();  // this thread's partial stores, device-wide, before the arrival below
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
+    *s_flag = atomicAdd(counters + task, 1u) == (unsigned)(S - 1);
+  }
+  __syncthreads();
+  if (!*s_flag) return;  // uniform: the whole CTA leaves
+  __threadfence();
+  for (int r = threadIdx.x; r < nh; r += IS_THREADS) {
+    const float* ml = part_ml + is_prow(b, qi, Sq, N, h0 + r, S, 0) * 2;
+    float M = is_neg_inf();
+#pragma unroll 4
+    for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(ml + 2 * s));
+    float L = 0.f;
+#pragma unroll 4
+    for (int s = 0; s < S; ++s) {
+      float a = 0.f;
+      if (M != is_neg_inf()) {  // as is_merge_parts: all -inf gives L = 0, O = 0
+        a = exp2f(__ldcg(ml + 2 * s) - M);
+        L = __fmaf_rn(__ldcg(ml + 2 * s + 1), a, L);
+      }
+      s_w[r * (S + 1) + s] = a;
+    }
+    s_w[r * (S + 1) + S] = L;
+  }
+  __syncthreads();
+  constexpr int C4 = IS_HD / 4;  // float4 chunks per head row
+  const int total = nh * C4;
+  for (int base = 0; base < total; base += 8 * IS_THREADS) {
+    float4 acc[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 2
+    for (int s = 0; s < S; ++s) {
+      float4 o[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int c = base + u * IS_THREADS + (int)threadIdx.x;
+        o[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c < total) {
+          const int r = c / C4, d4 = c - r * C4;
+          o[u] = __ldcg(reinterpret_cast<const float4*>(
+                            part_o + is_prow(b, qi, Sq, N, h0 + r, S, s) * IS_HD) + d4);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int c = base + u * IS_THREADS + (int)threadIdx.x;
+        if (c < total) {
+          const float w = s_w[(c / C4) * (S + 1) + s];
+          acc[u].x = __fmaf_rn(o[u].x, w, acc[u].x);
+          acc[u].y = __fmaf_rn(o[u].y, w, acc[u].y);
+          acc[u].z = __fmaf_rn(o[u].z, w, acc[u].z);
+          acc[u].w = __fmaf_rn(o[u].w, w, acc[u].w);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int c = base + u * IS_THREADS + (int)threadIdx.x;
+      if (c < total) {
+        const int r = c / C4, d4 = c - r * C4;
+        const float L = s_w[r * (S + 1) + S];
+        // Divide, then round each value: the same bits as is_store(O / L).
+        uint2 packed;
+        packed.x = is_pack2(L > 0.f ? acc[u].x / L : 0.f, L > 0.f ? acc[u].y / L : 0.f);
+        packed.y = is_pack2(L > 0.f ? acc[u].z / L : 0.f, L > 0.f ? acc[u].w / L : 0.f);
+        *reinterpret_cast<uint2*>(y + ((b * N + h0 + r) * (long long)Sq + qi) * IS_HD + 4 * d4) =
+            packed;
+      }
+    }
+  }
+  if (threadIdx.x == 0) counters[task] = 0u;  // the next launch (stream order) starts at zero
+}
+
+extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
     const is_t* __restrict__ q, const is_t* __restrict__ k0, const is_t* __restrict__ v0,
     const is_t* __restrict__ k1, const is_t* __restrict__ v1, const void* __restrict__ idx,
     const is_t* __restrict__ bias, is_t* __restrict__ y, float* __restrict__ part_o,
-    float* __restrict__ part_ml, long long bsb, long long bsh, long long bsq, long long bsk,
-    int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K, int cps, int H,
-    int len0, int len1, int bound, int idx64, int has_bias, int lpk, float scale_log2) {
+    float* __restrict__ part_ml, unsigned* __restrict__ counters, unsigned* __restrict__ latch,
+    const int* __restrict__ valid_len, long long bsb, long long bsh, long long bsq,
+    long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K,
+    int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,
+    int stages, float scale_log2) {
   IS_DYN_SMEM(smem);
-  __shared__ int s_live;
+  const int ST = stages < 2 ? 2 : (stages > IS_MAX_STAGES ? IS_MAX_STAGES : stages);
+  const int ring_bytes = ST * IS_STAGE * 2;
+  const int union_bytes = ring_bytes > IS_MERGE_BYTES ? ring_bytes : IS_MERGE_BYTES;
+  IS_DYN_SMEM_NEED(IS_Q_BYTES + union_bytes + (long long)cps * 4);
+  __shared__ int s_live, s_flag;
   is_t* sQ = reinterpret_cast<is_t*>(smem);
-  is_t* sK = sQ + IS_MROWS * IS_LDS;
-  is_t* sV = sK + 2 * IS_KT * IS_LDS;
-  int* s_key = reinterpret_cast<int*>(sV + 2 * IS_KT * IS_LDS);
+  is_t* sRing = reinterpret_cast<is_t*>(smem + IS_Q_BYTES);
+  int* s_key = reinterpret_cast<int*>(smem + IS_Q_BYTES + union_bytes);
 
   const IsTask t = is_decode_task(Sq, G, U, HBK, shared_idx, S, IS_MROWS);
   const int Nkv = N / G;
   const long long bh = t.b * Nkv + t.kvh;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int wm = warp / IS_WN, wn = warp % IS_WN;
-  const int r0 = wm * 16;       // this warp's first head row (CTA-local)
-  const int kw0 = wn * IS_KW;   // this warp's first key of each tile
-  const int c_begin = t.s * cps;
-  const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
-  const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K;
-  const int live = is_stage_keys(idx, irow, idx64, c_begin, ncols, bound, s_key, &s_live);
+  const int r0 = wm * 16;      // this warp's first head row (CTA-local)
+  const int kw0 = wn * IS_KW;  // this warp's first key of each tile
 
-  // Q rows of this head block; rows past nh are zero-filled (their results are dropped).
-  for (int i = tid; i < IS_MROWS * IS_CPR; i += blockDim.x) {
+  // Q rows of this head block (rows past nh are zero-filled; their results are dropped),
+  // issued first so their latency overlaps the index staging.
+#pragma unroll
+  for (int i = tid; i < IS_MROWS * IS_CPR; i += IS_THREADS) {
     const int r = i / IS_CPR, ch = i - r * IS_CPR;
     const is_t* src = q + ((t.b * N + t.h0 + (r < t.nh ? r : 0)) * (long long)Sq + t.qi) * IS_HD;
     is_cp_async16(sQ + r * IS_LDS + ch * 8, src + ch * 8, r < t.nh ? 16 : 0);
   }
   is_cp_async_commit();
 
+  const int c_begin = t.s * cps;
+  const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+  const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K;
+  const int vbound = (latch && valid_len) ? valid_len[t.b] : bound;
+  const int live = is_stage_keys(idx, irow, idx64, c_begin, ncols, bound, s_key, &s_live, latch,
+                                 vbound);
+
   // Gather tile `tile` of the split's selected keys into stage `st`. A masked column
   // (padding, or a poisoned replay's negative index) zero-fills its rows without a read.
   auto issue = [&](int tile, int st) {
-    for (int i = tid; i < 2 * IS_KT * IS_CPR; i += blockDim.x) {
-      const int which = i / (IS_KT * IS_CPR);
+    is_t* dst0 = sRing + st * IS_STAGE;
+#pragma unroll
+    for (int j = 0; j < IS_CHUNKS / IS_THREADS; ++j) {
+      const int i = j * IS_THREADS + tid;
+      const int which = i / (IS_KT * IS_CPR);  // 0: K, 1: V (uniform per j)
       const int rem = i - which * (IS_KT * IS_CPR);
       const int slot = rem / IS_CPR, ch = rem - slot * IS_CPR;
       const int col = tile * IS_KT + slot;
@@ -77,14 +214,16 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_mma(
       const is_t* s0 = which ? v0 : k0;
       const is_t* s1 = which ? v1 : k1;
       const is_t* src = key >= 0 ? is_row(s0, s1, bh, key, len0, len1, IS_HD) + ch * 8 : s0;
-      is_t* dst = (which ? sV : sK) + (st * IS_KT + slot) * IS_LDS + ch * 8;
-      is_cp_async16(dst, src, key >= 0 ? 16 : 0);
+      is_cp_async16(dst0 + (which * IS_KT + slot) * IS_LDS + ch * 8, src, key >= 0 ? 16 : 0);
     }
   };
 
+  // Prologue: tiles 0 .. ST-2 in flight (one commit group each, empty past the end).
   const int ntiles = (live + IS_KT - 1) / IS_KT;
-  if (ntiles > 0) issue(0, 0);
-  is_cp_async_commit();
+  for (int p = 0; p < ST - 1; ++p) {
+    if (p < ntiles) issue(p, p);
+    is_cp_async_commit();
+  }
 
   unsigned qa[IS_KSTEPS][4];
   float oacc[IS_DT][4];
@@ -94,19 +233,25 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_mma(
   float lrow[2] = {0.f, 0.f};                    // this lane's partial row sums
 
   for (int tile = 0; tile < ntiles; ++tile) {
-    const int st = tile & 1;
-    if (tile + 1 < ntiles) issue(tile + 1, st ^ 1);  // that stage was freed by the last barrier
-    is_cp_async_commit();
-    is_cp_async_wait(1);  // everything but the tile just issued has landed
+    // Groups committed so far: Q, ST-1 prologue tiles, one per earlier iteration; leaving
+    // the newest ST-2 pending means Q and tiles 0..tile have landed (for this thread).
+    is_cp_async_wait_dyn(ST - 2);
+    // Everyone's copies of this tile are visible, and every warp is done with the stage of
+    // tile - 1, which is refilled next.
     __syncthreads();
+    {
+      const int nxt = tile + ST - 1;
+      if (nxt < ntiles) issue(nxt, nxt % ST);
+      is_cp_async_commit();
+    }
     if (tile == 0) {
 #pragma unroll
       for (int kk = 0; kk < IS_KSTEPS; ++kk)
         is_ldmatrix_x4(qa[kk], sQ + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * IS_LDS + kk * 16 +
                                    (lane >> 4) * 8);
     }
-    const is_t* sKs = sK + st * IS_KT * IS_LDS;
-    const is_t* sVs = sV + st * IS_KT * IS_LDS;
+    const is_t* sKs = sRing + (tile % ST) * IS_STAGE;
+    const is_t* sVs = sKs + IS_KT * IS_LDS;
 
     float sacc[IS_NT][4];
 #pragma unroll
@@ -169,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_mma(
       }
     }
 
-    // O += P·V: the S accumulators of n-tiles 2ks, 2ks+1 are the A fragment of key step ks.
+    // O += P*V: the S accumulators of n-tiles 2ks, 2ks+1 are the A fragment of key step ks.
 #pragma unroll
     for (int ks = 0; ks < IS_KW / 16; ++ks) {
       unsigned pa[4];
@@ -186,9 +331,10 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_mma(
         is_mma16816(oacc[2 * dp + 1], pa, vb[2], vb[3]);
       }
     }
-    __syncthreads();  // every warp is done with stage st before it is refilled
+    // No barrier here: the next iteration's barrier orders this stage's reads before its
+    // refill.
   }
-  is_cp_async_wait(0);
+  is_cp_async_wait(0);  // only empty groups can be pending; the ring is reused below
   __syncthreads();
 
 #pragma unroll
@@ -197,47 +343,77 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_mma(
     lrow[hr] += __shfl_xor_sync(IS_FULL, lrow[hr], 2);
   }
 
-#if IS_WN == 1
+#if IS_WN > 1
+  // The warps of a head block split each tile's keys: warps wn > 0 hand their states to warp
+  // wn == 0 through shared memory (lane-private slots: conflict-free, no index math), which
+  // merges them in warp order in registers and writes the rows below.
+  {
+    float* s_x = reinterpret_cast<float*>(sRing);  // [WM][WN-1][XS][32]
+    if (wn > 0) {
+      float* dst = s_x + (wm * (IS_WN - 1) + wn - 1) * IS_XS * 32 + lane;
 #pragma unroll
-  for (int dt = 0; dt < IS_DT; ++dt) {
+      for (int dt = 0; dt < IS_DT; ++dt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = r0 + (lane >> 2) + (i >> 1) * 8;
-      const int d = dt * 8 + (lane & 3) * 2 + (i & 1);
-      if (row < t.nh)
-        is_write_out(y, part_o, part_ml, S, t.s, t.b, t.h0 + row, t.qi, Sq, N, IS_HD, d,
-                     mrow[i >> 1], lrow[i >> 1], oacc[dt][i]);
+        for (int i = 0; i < 4; ++i) dst[(dt * 4 + i) * 32] = oacc[dt][i];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        dst[(IS_DT * 4 + hr) * 32] = mrow[hr];
+        dst[(IS_DT * 4 + 2 + hr) * 32] = lrow[hr];
+      }
     }
-  }
-#else
-  // The warps split the keys: merge their states in warp order through shared memory.
-  float* s_o = reinterpret_cast<float*>(sK);  // [WN][16][HD]
-  float* s_ml = s_o + IS_WN * 16 * IS_HD;     // [WN][16][2]
+    __syncthreads();
+    if (wn == 0) {
+      for (int w = 1; w < IS_WN; ++w) {
+        const float* src = s_x + (wm * (IS_WN - 1) + w - 1) * IS_XS * 32 + lane;
 #pragma unroll
-  for (int dt = 0; dt < IS_DT; ++dt) {
+        for (int hr = 0; hr < 2; ++hr) {
+          const float mo = src[(IS_DT * 4 + hr) * 32], lo = src[(IS_DT * 4 + 2 + hr) * 32];
+          const float M = fmaxf(mrow[hr], mo);
+          const float a = M == is_neg_inf() ? 0.f : exp2f(mrow[hr] - M);  // -inf -> 0
+          const float bw = M == is_neg_inf() ? 0.f : exp2f(mo - M);
+          lrow[hr] = __fmaf_rn(lo, bw, lrow[hr] * a);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = (lane >> 2) + (i >> 1) * 8;
-      s_o[(wn * 16 + row) * IS_HD + dt * 8 + (lane & 3) * 2 + (i & 1)] = oacc[dt][i];
+          for (int dt = 0; dt < IS_DT; ++dt) {
+            oacc[dt][2 * hr] = __fmaf_rn(src[(dt * 4 + 2 * hr) * 32], bw, oacc[dt][2 * hr] * a);
+            oacc[dt][2 * hr + 1] =
+                __fmaf_rn(src[(dt * 4 + 2 * hr + 1) * 32], bw, oacc[dt][2 * hr + 1] * a);
+          }
+          mrow[hr] = M;
+        }
+      }
     }
-  }
-  if ((lane & 3) == 0) {
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      const int row = (lane >> 2) + hr * 8;
-      s_ml[(wn * 16 + row) * 2] = mrow[hr];
-      s_ml[(wn * 16 + row) * 2 + 1] = lrow[hr];
-    }
-  }
-  __syncthreads();
-  for (int i = tid; i < t.nh * IS_HD; i += blockDim.x) {
-    const int row = i / IS_HD, d = i - row * IS_HD;
-    float M, L, O;
-    is_merge_parts(s_ml + row * 2, s_ml + row * 2 + 1, s_o + row * IS_HD + d, IS_WN, 32,
-                   16 * IS_HD, &M, &L, &O);
-    is_write_out(y, part_o, part_ml, S, t.s, t.b, t.h0 + row, t.qi, Sq, N, IS_HD, d, M, L, O);
   }
 #endif
+  if (wn == 0) {
+#pragma unroll
+    for (int dt = 0; dt < IS_DT; ++dt) {
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int row = r0 + (lane >> 2) + hr * 8;
+        const int d = dt * 8 + (lane & 3) * 2;  // this lane's two adjacent output columns
+        if (row >= t.nh) continue;
+        const float O0 = oacc[dt][2 * hr], O1 = oacc[dt][2 * hr + 1];
+        const float M = mrow[hr], L = lrow[hr];
+        if (S == 1) {
+          // Same rounding as is_store(O / L): divide, then round each value to IS_DTYPE.
+          *reinterpret_cast<unsigned*>(y + ((t.b * N + t.h0 + row) * (long long)Sq + t.qi) * IS_HD +
+                                       d) = is_pack2(L > 0.f ? O0 / L : 0.f, L > 0.f ? O1 / L : 0.f);
+        } else {
+          const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + row, S, t.s);
+          *reinterpret_cast<float2*>(part_o + prow * IS_HD + d) = make_float2(O0, O1);
+          if (d == 0) {
+            part_ml[prow * 2] = M;
+            part_ml[prow * 2 + 1] = L;
+          }
+        }
+      }
+    }
+  }
+  // The ring is free now (the warp merge above is fenced by the finish's first barrier).
+  IS_DYN_SMEM_NEED(S > 1 && counters ? IS_Q_BYTES + t.nh * (S + 1) * 4 : 0);
+  if (S > 1 && counters)
+    is_finish_if_last_v4(counters, t.task, S, part_o, part_ml, y, t.b, t.qi, Sq, N, t.h0, t.nh,
+                         &s_flag, reinterpret_cast<float*>(sRing));
   (void)H;
   (void)lpk;
 }

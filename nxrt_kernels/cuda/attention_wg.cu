@@ -1,0 +1,357 @@
+// attention_wg.cu — fused attention forward with Hopper warpgroup MMA (wgmma): sm_90a only.
+//
+// Same contract, parameters, row packing, grid and split-KV partials as attention_fused_tc.cu
+// (see attention_util.cuh): blockIdx.x = (b*Hkv + kvh) * row_tiles + reversed row tile,
+// blockIdx.y = split. A CTA owns BM = 128 packed query rows against BN = 64-key tiles.
+//
+// 256 threads = two consumer warpgroups (WG), each owning 64 query rows (the wgmma M). No
+// producer warpgroup: every thread issues cp.async for tile t+1 right after the barrier of
+// tile t, so the copy overlaps tile t's math (the simpler, blind-safe variant of FA3).
+// Shared memory holds Q (128 x D) and two stages of K and V (64 x D each), all in the wgmma
+// "128-byte swizzle" layout of paged_mla_wg.cu: 64-channel blocks of [rows][128 bytes],
+// 16-byte chunk c of row r stored at chunk c ^ (r & 7), blocks 1024-byte aligned. Per tile:
+//   S = Q Kᵀ   wgmma m64n64k16, A = Q and B = K from shared memory (both K-major);
+//   softmax    in registers (a quad holds a row's 64 keys), exp2 with scale·log2e folded;
+//              tiles that need it (causal diagonal, window edge, past Sk, softcap, mask) take
+//              the per-element logit transform;
+//   O += P V   wgmma m64n64k16 per 64 output channels, A = P from registers (the S
+//              accumulator layout re-packed to f16/bf16), B = V from shared memory N-major
+//              ("transposed", imm-trans-b = 1: keys are the rows of the stored tile).
+// Defines: NXRT_BF16 (0/1), HEAD_DIM (64 or 128: the runtime D must equal it), MIN_BLOCKS.
+// Shared memory: HEAD_DIM/64 * (128*128 + 4*64*128) + 1024 bytes (attention.py mirrors it).
+#include "attention_util.cuh"
+
+#ifndef NXRT_BF16
+#define NXRT_BF16 1
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 1
+#endif
+
+#if NXRT_BF16
+typedef __nv_bfloat16 T;
+#define WG_AB "bf16.bf16"
+#else
+typedef __half T;
+#define WG_AB "f16.f16"
+#endif
+
+using namespace nxrt;
+using namespace nxrt_attn;
+
+namespace {
+
+constexpr int DP = HEAD_DIM;
+constexpr int BM = 128;          // packed query rows per CTA
+constexpr int BN = 64;           // keys per tile
+constexpr int NT = 256;          // two warpgroups
+constexpr int HB = DP / 64;      // 64-channel blocks per row
+constexpr int CH = DP / 8;       // 16-byte chunks per row
+constexpr int QBLK = BM * 128;   // one 64-channel block of Q
+constexpr int TBLK = BN * 128;   // one 64-channel block of a K or V tile
+constexpr int Q_BYTES = HB * QBLK;
+constexpr int T_BYTES = HB * TBLK;
+constexpr int OFF_KV = Q_BYTES;  // stage s: K at OFF_KV + 2 s T_BYTES, V right after it
+constexpr int SMEM_USED = Q_BYTES + 4 * T_BYTES;
+constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
+
+static_assert(DP == 64 || DP == 128, "HEAD_DIM must be 64 or 128");
+static_assert(QBLK % 1024 == 0 && TBLK % 1024 == 0 && OFF_KV % 1024 == 0,
+              "swizzle atoms must be 1024-byte aligned");
+
+// Byte offset of 16-byte chunk c of row r in a [HB][rows][128 B] swizzled array whose
+// 64-channel blocks are `blk` bytes apart.
+__device__ __forceinline__ unsigned sw_off(int r, int c, int blk) {
+    return (unsigned)((c >> 3) * blk + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63).
+// K-major operands: LBO unused (16), SBO = 1024 (next 8 rows). N-major (V): LBO = bytes to
+// the next 64 columns (unused by n64 instructions), SBO = 1024 (next 8 keys).
+__device__ __forceinline__ unsigned long long desc_sw128(unsigned addr, unsigned lbo,
+                                                         unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFFu) >> 4) |
+           ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_wait0() {
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// Generic-proxy shared-memory writes (cp.async) made visible to wgmma's (async proxy) reads.
+__device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Pins accumulator registers here, so no use or definition of them moves across a wgmma
+// issue or wait.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D(64x64, f32) (+)= A(64x16, smem, K-major) * B(16x64, smem, K-major); scale_d = 0 overwrites.
+__device__ __forceinline__ void wg_ss(float (&d)[32], unsigned long long da,
+                                      unsigned long long db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D(64x64, f32) += A(64x16, registers) * B(16x64, smem, N-major: imm-trans-b = 1).
+__device__ __forceinline__ void wg_rs(float (&d)[32], const unsigned (&a)[4],
+                                      unsigned long long db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB " "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+// cp.async of the BN key rows from key j0 of `base` (row stride s_s) into a swizzled tile
+// (zero-fill past Sk, so P·V never multiplies a masked 0 by garbage).
+__device__ __forceinline__ void load_tile(unsigned char* dst, const T* __restrict__ base,
+                                          long long s_s, int j0, int Sk, int tid) {
+#pragma unroll
+    for (int id = tid; id < BN * CH; id += NT) {
+        const int rr = id / CH;
+        const int c = id - rr * CH;
+        const int j = j0 + rr;
+        const bool ok = j < Sk;
+        const T* src = ok ? base + (long long)j * s_s + c * 8 : base;
+        cp_async_16(dst + sw_off(rr, c, TBLK), src, ok ? 16 : 0);
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
+attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
+    // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // A launch with less dynamic shared memory than this layout would write past the end.
+    if (dynamic_smem_bytes() < (unsigned)SMEM_BYTES) return;
+    // The 128-byte swizzle repeats every 1024 bytes; descriptors assume atoms start on such a
+    // boundary (base_offset 0), so round the base up (SMEM_BYTES has the slack).
+    unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const unsigned sbase = smem_u32(smem);
+    unsigned char* sQ = smem;
+    unsigned char* sKV = smem + OFF_KV;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp within it
+    const int g = lane >> 2, tq = lane & 3;
+
+    const Work w = decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
+    const T* kbase = k + w.b * k_sb + w.kvh * k_sh;
+    const T* vbase = v + w.b * v_sb + w.kvh * v_sh;
+    const bool has_mask = mask_planes > 0;
+    const bool general = softcap > 0.f || has_mask;
+    const float scale_log2 = scale * kLog2e;
+
+    // This thread's two rows in the wgmma accumulator layout: warp wq of WG wg owns tile rows
+    // 64 wg + 16 wq .. +15; x = 0: row g, x = 1: row g + 8.
+    Row rows[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+        rows[x] = make_row(w, w.r0 + 64 * wg + 16 * wq + g + 8 * x, B, H, Sq, Sk, q_sb, q_sh,
+                           q_ss, o_sb, o_sh, o_ss, mask_planes);
+
+    // O[:, 64 qb + 8 j + 2 tq + (e & 1)] of row x = e >> 1 is o[qb][4 j + e].
+    float o[HB][32];
+#pragma unroll
+    for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
+    float m_run[2] = {neg_inf(), neg_inf()};
+    float l_run[2] = {0.f, 0.f};  // this thread's share of the row sums (quad-reduced at the end)
+
+    const int n_tiles = w.t_end - w.t_beg;
+    if (n_tiles > 0) {
+        // Prologue: Q rows (zero for packed rows past R) and tile 0 of K and V, one group.
+        for (int id = tid; id < BM * CH; id += NT) {
+            const int rr = id / CH;
+            const int c = id - rr * CH;
+            const int r = w.r0 + rr;
+            const bool ok = r < w.R;
+            const T* src = q;
+            if (ok) {
+                const int i = r / w.G;
+                const int h = w.kvh * w.G + (r - i * w.G);
+                src = q + w.b * q_sb + h * q_sh + i * q_ss + c * 8;
+            }
+            cp_async_16(sQ + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
+        }
+        load_tile(sKV, kbase, k_ss, w.t_beg * BN, Sk, tid);
+        load_tile(sKV + T_BYTES, vbase, v_ss, w.t_beg * BN, Sk, tid);
+        cp_async_commit();
+    }
+
+    const unsigned qa = sbase + 64 * wg * 128;  // this WG's 64 rows of Q (8 KB, 1024-aligned)
+    for (int it = 0; it < n_tiles; ++it) {
+        const int t = w.t_beg + it;
+        const int stage = it & 1;
+        const int kb = t * BN;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        // [A] Tile t (and at it == 0 Q) landed and is visible to wgmma; both WGs waited on
+        // their wgmma groups of tile t-1, so its stage may be refilled.
+        __syncthreads();
+        if (it + 1 < n_tiles) {
+            unsigned char* nst = sKV + (stage ^ 1) * 2 * T_BYTES;
+            load_tile(nst, kbase, k_ss, kb + BN, Sk, tid);
+            load_tile(nst + T_BYTES, vbase, v_ss, kb + BN, Sk, tid);
+            cp_async_commit();
+        }
+        const unsigned sK = sbase + OFF_KV + stage * 2 * T_BYTES;
+        const unsigned sV = sK + T_BYTES;
+
+        // ---- S = Q Kᵀ (64 x 64 per WG), K = D in 16-channel steps: 4 per 128-byte row.
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] = 0.f;
+        fence_regs(s);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < DP / 16; ++ks) {
+            const unsigned qoff = (ks >> 2) * QBLK + (ks & 3) * 32;
+            const unsigned koff = (ks >> 2) * TBLK + (ks & 3) * 32;
+            wg_ss(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
+                  ks > 0 ? 1 : 0);
+        }
+        wg_commit();
+        wg_wait0();
+        fence_regs(s);
+
+        // ---- Logits (log2 domain) and row maxima; s[4 j + e] is key kb + 8 j + 2 tq + (e & 1).
+        const bool check = !tile_fully_visible(w, BM, kb, BN, Sq, Sk, causal, window);
+        float tmax[2] = {neg_inf(), neg_inf()};
+        if (!general && !check) {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                s[i] *= scale_log2;
+                tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; ++i) {
+                const int x = (i >> 1) & 1;
+                const int j = kb + 8 * (i >> 2) + 2 * tq + (i & 1);
+                float y;
+                if (general) {
+                    y = s[i] * scale;
+                    if (softcap > 0.f) y = softcap * fast_tanh(y / softcap);
+                    if (rows[x].m_off >= 0 && j < Sk) y += to_float(mask[rows[x].m_off + j]);
+                    y *= kLog2e;
+                } else {
+                    y = s[i] * scale_log2;
+                }
+                if (!visible(j, rows[x].p, Sk, causal, window)) y = neg_inf();
+                s[i] = y;
+                tmax[x] = fmaxf(tmax[x], y);
+            }
+        }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            tmax[x] = quad_max(tmax[x]);
+            alpha[x] = online_rescale(m_run[x], tmax[x], m_use[x]);
+            l_run[x] *= alpha[x];
+        }
+        // ---- P = 2^(s - m) as the A operand of P V: k-step kk covers keys 16 kk .. +15;
+        // register 0/2: row g (keys lo/hi 8), 1/3: row g + 8.
+        unsigned pa[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float p0 = exp2f(s[4 * j + 0] - m_use[0]);
+            const float p1 = exp2f(s[4 * j + 1] - m_use[0]);
+            const float p2 = exp2f(s[4 * j + 2] - m_use[1]);
+            const float p3 = exp2f(s[4 * j + 3] - m_use[1]);
+            l_run[0] += p0 + p1;
+            l_run[1] += p2 + p3;
+            pa[j >> 1][2 * (j & 1) + 0] = pack2<T>(p0, p1);
+            pa[j >> 1][2 * (j & 1) + 1] = pack2<T>(p2, p3);
+        }
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                o[qb][4 * j + 0] *= alpha[0];
+                o[qb][4 * j + 1] *= alpha[0];
+                o[qb][4 * j + 2] *= alpha[1];
+                o[qb][4 * j + 3] *= alpha[1];
+            }
+
+        // ---- O += P V; V = the tile's channels, N-major.
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+                wg_rs(o[qb], pa[kk], desc_sw128(sV + qb * TBLK + kk * (16 * 128), TBLK, 1024));
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+    }
+    cp_async_wait<0>();
+
+    // ---- Epilogue (per thread, no shared memory: nothing to synchronise).
+    float l_row[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) l_row[x] = quad_sum(l_run[x]);
+    if (splits == 1) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            // A row that saw no visible key has l = 0 and o = 0: it gives zeros.
+            const float inv = l_row[x] > 0.f ? 1.f / l_row[x] : 0.f;
+            T* orow = out + rows[x].o_off + 2 * tq;
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    store2(orow + 64 * qb + 8 * j, o[qb][4 * j + 2 * x] * inv,
+                           o[qb][4 * j + 2 * x + 1] * inv);
+        }
+    } else {
+        const long long n_rows = (long long)B * H * Sq;
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            const long long pr = (long long)w.split * n_rows + rows[x].orow;
+            float* po = ws_o + pr * D + 2 * tq;
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    store2(po + 64 * qb + 8 * j, o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
+            if (tq == 0) {
+                ws_ml[2 * pr] = m_run[x];
+                ws_ml[2 * pr + 1] = l_row[x];
+            }
+        }
+    }
+}
