@@ -133,8 +133,8 @@ def test_vs_reference(rt, ledger, rng, case, path):
     with Buffers(rt) as bufs:
         got = run(rt, kernel, host, bufs)
     want = check(node, host, got, dtype)
-    if path == "auto":
-        assert kernel.last_plan.path == ("simt" if dtype == F32 else "tc")
+    if path == "auto":  # prefill on compute capability 9.0 takes the wgmma kernel
+        assert kernel.last_plan.path in (("simt",) if dtype == F32 else ("tc", "wg"))
     # Rows that see no key are exactly zero.
     dead = ~np.any(want != 0, axis=-1)
     assert np.all(got.astype(np.float32)[dead] == 0)

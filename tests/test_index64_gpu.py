@@ -108,8 +108,8 @@ def test_attention_offsets_past_2_32(rt, ledger, rng):
             got = np.stack([_read(rt, o.ptr + b * sb * it, (H, S, D), BF16) for b in range(B)])
             err = rel_fro(got, want)
             assert err < TOL[BF16], f"batch-stride case, path {path} ({kern.last_plan}): {err:.2e}"
-            if path == "auto":
-                assert kern.last_plan.path == "tc"
+            if path == "auto":  # the wgmma kernel on compute capability 9.0
+                assert kern.last_plan.path in ("tc", "wg")
 
         # (b) K/V rows interleaved: key j at element 2*j*D, value j at (2*j+1)*D, so the
         # last keys sit past 2**32 elements; only a window at the end is visible.
