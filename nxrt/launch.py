@@ -80,6 +80,19 @@ def reduction_launch_config(n_rows: int, row_len: int, *, max_block: int = 1024,
     return LaunchConfig((int(n_rows), 1, 1), (block, 1, 1), block * shared_bytes_per_thread)
 
 
+def _param_count(handle: Any) -> int | None:
+    """``cuKernelGetParamCount`` where driver and bindings have it (no error-probing needed:
+    compute-sanitizer reports every failing API call), else ``None``."""
+    fn = getattr(driver, "cuKernelGetParamCount", None)
+    if fn is None:
+        return None
+    try:
+        res = fn(handle)
+    except Exception:  # the binding exists but the driver lacks the symbol
+        return None
+    return int(res[1]) if res[0] == driver.CUresult.CUDA_SUCCESS else None
+
+
 class _Packer:
     """Packs one argument signature into a reusable buffer + pointer array (per thread)."""
 
@@ -123,11 +136,12 @@ class Function:
         if self._params is None:
             if self._make_current is not None:
                 self._make_current()
+            count = _param_count(self.handle)
             out = []
-            while True:
+            while count is None or len(out) < count:
                 res = driver.cuKernelGetParamInfo(self.handle, len(out))
-                if res[0] == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
-                    break  # one past the last parameter
+                if count is None and res[0] == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+                    break  # older drivers: probed one past the last parameter
                 out.append(check(res, f"cuKernelGetParamInfo({self.name}, {len(out)})"))
             self._params = tuple((int(o), int(s)) for o, s in out)
         return self._params
