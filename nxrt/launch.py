@@ -9,6 +9,7 @@ wrong argument count or size is a ``TypeError`` before anything is launched.
 from __future__ import annotations
 
 import ctypes
+import re
 import struct
 import threading
 from collections.abc import Sequence
@@ -93,6 +94,13 @@ def _param_count(handle: Any) -> int | None:
     return int(res[1]) if res[0] == driver.CUresult.CUDA_SUCCESS else None
 
 
+def ptx_param_count(ptx: bytes | str, entry: str) -> int | None:
+    """Number of parameters of ``.entry <entry>(...)`` in PTX text, or ``None`` if not found."""
+    text = ptx.decode(errors="replace") if isinstance(ptx, bytes) else ptx
+    m = re.search(r"\.entry\s+" + re.escape(entry) + r"\s*\(([^)]*)\)", text)
+    return None if m is None else m.group(1).count(".param")
+
+
 class _Packer:
     """Packs one argument signature into a reusable buffer + pointer array (per thread)."""
 
@@ -114,7 +122,7 @@ class Function:
     """
 
     def __init__(self, handle: Any, name: str, module_name: str, max_optin_shared: int,
-                 device: Any = None, make_current: Any = None) -> None:
+                 device: Any = None, make_current: Any = None, param_count: int | None = None) -> None:
         self.handle = handle
         self.handle_int = int(handle)
         self.handle_c = ctypes.c_void_p(self.handle_int)
@@ -122,6 +130,7 @@ class Function:
         self.module_name = module_name
         self.device = device
         self._make_current = make_current  # queries below need the device's context current
+        self._param_count = param_count  # from the PTX signature, when known
         self._max_optin = max_optin_shared
         self._shmem_limit = _MAX_DEFAULT_SHMEM
         self._params: tuple[tuple[int, int], ...] | None = None
@@ -137,6 +146,8 @@ class Function:
             if self._make_current is not None:
                 self._make_current()
             count = _param_count(self.handle)
+            if count is None:
+                count = self._param_count
             out = []
             while count is None or len(out) < count:
                 res = driver.cuKernelGetParamInfo(self.handle, len(out))

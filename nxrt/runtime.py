@@ -17,7 +17,7 @@ from .device import Capabilities, Device
 from .errors import CaptureError
 from .graph import CAPTURE_MODES, Graph
 from .latch import Latch
-from .launch import Function, dim3
+from .launch import Function, dim3, ptx_param_count
 from .memory import Ledger, MemoryStats
 
 __all__ = ["CudaRuntime", "Stream"]
@@ -73,6 +73,7 @@ class CudaRuntime:
         self._modules: dict[tuple, Any] = {}
         self._functions: dict[tuple, Function] = {}
         self._by_module: dict[tuple, Function] = {}
+        self._ptx: dict[tuple, bytes] = {}
         self._fn_lock = threading.Lock()
         self._capture_graph: Graph | None = None
         self.launch_count = 0
@@ -103,6 +104,7 @@ class CudaRuntime:
         for mod in self._modules.values():
             check(driver.cuLibraryUnload(mod), "cuLibraryUnload")
         self._modules.clear()
+        self._ptx.clear()
         self._configs.clear()
         self._functions.clear()
         self._by_module.clear()
@@ -232,6 +234,7 @@ class CudaRuntime:
             mod = self._modules.get(mkey)
             if mod is None:
                 compiled = self.cache.get(source, module + ".cu", target, opts, headers)
+                self._ptx[mkey] = compiled.ptx
                 image = compiled.cubin if exact and compiled.cubin else compiled.ptx
                 mod = check(driver.cuLibraryLoadData(image, None, None, 0, None, None, 0),
                             f"cuLibraryLoadData({module})")
@@ -243,7 +246,8 @@ class CudaRuntime:
                 handle = check(driver.cuLibraryGetKernel(mod, entry.encode()),
                                f"cuLibraryGetKernel({module}, {entry})")
                 fn = Function(handle, entry, module, self.capabilities.max_shared_per_block_optin,
-                              self.device.handle, self.device.make_current)
+                              self.device.handle, self.device.make_current,
+                              ptx_param_count(self._ptx.get(mkey, b""), entry))
                 self._by_module[(mkey, entry)] = fn
             self._functions[key] = fn
             return fn

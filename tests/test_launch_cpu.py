@@ -226,3 +226,16 @@ def _out_target(ref):
     return ref
 
 
+
+
+def test_ptx_param_count_reads_the_entry_signature():
+    from nxrt import compiler
+    from nxrt.launch import ptx_param_count
+
+    src = ('extern "C" __global__ void none() {}\n'
+           'extern "C" __global__ void six(float* a, const float* b, int n, float s, double d, '
+           'long long m) { if (n < 0) a[0] = b[0] + s + d + m; }\n')
+    ptx = compiler.compile_source(src, "count.cu", "sm_80", cubin=False).ptx
+    assert ptx_param_count(ptx, "none") == 0
+    assert ptx_param_count(ptx, "six") == 6
+    assert ptx_param_count(ptx, "absent") is None
