@@ -141,24 +141,12 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-@dataclass(frozen=True)
-class TensorMetadata:
-    """What workspace planning sees: dtype, shape, strides (elements)."""
+class _Shaped:
+    """Rank, element count, bytes and strides of anything with ``shape``, ``strides``, ``dtype``."""
 
-    dtype: DataType
     shape: tuple[int, ...]
-    strides: tuple[int, ...] | None = None  # None: C-contiguous
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", DataType(self.dtype))
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        if any(d < 0 for d in self.shape):
-            raise ValueError(f"negative dimension in shape {self.shape}")
-        if self.strides is not None:
-            st = tuple(int(s) for s in self.strides)
-            if len(st) != len(self.shape):
-                raise ValueError(f"strides {st} do not match shape {self.shape}")
-            object.__setattr__(self, "strides", None if st == _contiguous_strides(self.shape) else st)
+    strides: tuple[int, ...] | None
+    dtype: DataType
 
     @property
     def rank(self) -> int:
@@ -186,7 +174,28 @@ class TensorMetadata:
 
 
 @dataclass(frozen=True)
-class TensorView:
+class TensorMetadata(_Shaped):
+    """What workspace planning sees: dtype, shape, strides (elements)."""
+
+    dtype: DataType
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None = None  # None: C-contiguous
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", DataType(self.dtype))
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"negative dimension in shape {self.shape}")
+        if self.strides is not None:
+            st = tuple(int(s) for s in self.strides)
+            if len(st) != len(self.shape):
+                raise ValueError(f"strides {st} do not match shape {self.shape}")
+            object.__setattr__(self, "strides", None if st == _contiguous_strides(self.shape) else st)
+
+
+
+@dataclass(frozen=True)
+class TensorView(_Shaped):
     """A read-only device tensor: pointer, dtype, shape, strides (elements).
 
     An absent optional input is ``TensorView.absent_slot()`` (``absent`` is True, ptr 0).
@@ -232,27 +241,6 @@ class TensorView:
     @property
     def meta(self) -> TensorMetadata:
         return TensorMetadata(self.dtype, self.shape, self.strides)
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * self.dtype.itemsize
-
-    @property
-    def element_strides(self) -> tuple[int, ...]:
-        return self.strides if self.strides is not None else _contiguous_strides(self.shape)
-
-    @property
-    def is_contiguous(self) -> bool:
-        return self.meta.is_contiguous
-
 
 class TensorMut(TensorView):
     """A writable device tensor (outputs)."""

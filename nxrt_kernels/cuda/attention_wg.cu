@@ -33,10 +33,10 @@
 
 #if NXRT_BF16
 typedef __nv_bfloat16 T;
-#define WG_AB "bf16.bf16"
+#define NXRT_WG_AB "bf16.bf16"
 #else
 typedef __half T;
-#define WG_AB "f16.f16"
+#define NXRT_WG_AB "f16.f16"
 #endif
 
 using namespace nxrt;
@@ -62,70 +62,7 @@ static_assert(DP == 64 || DP == 128, "HEAD_DIM must be 64 or 128");
 static_assert(QBLK % 1024 == 0 && TBLK % 1024 == 0 && OFF_KV % 1024 == 0,
               "swizzle atoms must be 1024-byte aligned");
 
-// Byte offset of 16-byte chunk c of row r in a [HB][rows][128 B] swizzled array whose
-// 64-channel blocks are `blk` bytes apart.
-__device__ __forceinline__ unsigned sw_off(int r, int c, int blk) {
-    return (unsigned)((c >> 3) * blk + r * 128 + (((c & 7) ^ (r & 7)) << 4));
-}
-
-// wgmma shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63).
-// K-major operands: LBO unused (16), SBO = 1024 (next 8 rows). N-major (V): LBO = bytes to
-// the next 64 columns (unused by n64 instructions), SBO = 1024 (next 8 keys).
-__device__ __forceinline__ unsigned long long desc_sw128(unsigned addr, unsigned lbo,
-                                                         unsigned sbo) {
-    return (unsigned long long)((addr & 0x3FFFFu) >> 4) |
-           ((unsigned long long)((lbo >> 4) & 0x3FFFu) << 16) |
-           ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_wait0() {
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-// Generic-proxy shared-memory writes (cp.async) made visible to wgmma's (async proxy) reads.
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Pins accumulator registers here, so no use or definition of them moves across a wgmma
-// issue or wait.
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-// D(64x64, f32) (+)= A(64x16, smem, K-major) * B(16x64, smem, K-major); scale_d = 0 overwrites.
-__device__ __forceinline__ void wg_ss(float (&d)[32], unsigned long long da,
-                                      unsigned long long db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
-
-// D(64x64, f32) += A(64x16, registers) * B(16x64, smem, N-major: imm-trans-b = 1).
-__device__ __forceinline__ void wg_rs(float (&d)[32], const unsigned (&a)[4],
-                                      unsigned long long db) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
-}
+#include "wgmma.cuh"
 
 // cp.async of the BN key rows from key j0 of `base` (row stride s_s) into a swizzled tile
 // (zero-fill past Sk, so P·V never multiplies a masked 0 by garbage).
