@@ -143,6 +143,7 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> bool:
+    """Two panels per benchmark: ours vs each peer (ratio), and achieved vs ceiling."""
     try:
         import matplotlib
 
@@ -154,18 +155,37 @@ def plot(result: dict, path: Path) -> bool:
     if not rows:
         return False
     benches = sorted({r["bench"] for r in rows})
-    fig, axes = plt.subplots(len(benches), 1, figsize=(12, 3.2 * len(benches)), squeeze=False)
-    for ax, b in zip(axes[:, 0], benches):
-        rs = [r for r in rows if r["bench"] == b]
-        labels = [f"{r['case']}\nvs {r['peer']}" for r in rs]
+    counts = [max(4, sum(r["bench"] == b for r in rows)) for b in benches]
+    fig, axes = plt.subplots(len(benches), 2, figsize=(18, 0.22 * sum(counts) + 1.5 * len(benches)),
+                             squeeze=False, gridspec_kw={"height_ratios": counts})
+    for (ax, ax_c), b in zip(axes, benches):
+        rs = [r for r in rows if r["bench"] == b and r["peer"] != "copy-bandwidth"]
         ax.barh(range(len(rs)), [r["ratio"] for r in rs], color="tab:blue")
+        ax.set_xscale("log")  # ratios span 0.5x to 10^4x (cache hits)
         ax.axvline(1.0, color="k", lw=0.8)
-        ax.set_yticks(range(len(rs)), labels, fontsize=6)
+        ax.set_yticks(range(len(rs)), [f"{r['case']}\nvs {r['peer']}" for r in rs], fontsize=6)
         ax.set_title(f"{b}: ours / peer (higher is better)")
+        cs = [r for r in rows if r["bench"] == b and r.get("of_ceiling") is not None]
+        if cs:
+            ax_c.barh(range(len(cs)), [100 * r["of_ceiling"] for r in cs], color="tab:green")
+            ax_c.set_xlim(0, 100)
+            ax_c.set_yticks(range(len(cs)), [r["case"] for r in cs], fontsize=6)
+            ax_c.set_title(f"{b}: % of the measured copy bandwidth")
+        else:
+            ax_c.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def replot(json_path: Path) -> Path:
+    """Redraw the PNG of a committed result file (no GPU needed)."""
+    result = json.loads(Path(json_path).read_text())
+    out = Path(json_path).with_suffix(".png")
+    if not plot(result, out):
+        raise SystemExit("replot needs matplotlib (pip install 'nxrt[bench]')")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks"), help="output directory")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     ap.add_argument("--name", default=None, help="base name of the result files")
+    ap.add_argument("--replot", metavar="JSON", help="redraw the PNG of a result file and exit")
     args = ap.parse_args(argv)
+    if args.replot:
+        print(replot(Path(args.replot)))
+        return 0
     which = list(BENCHES) if "all" in args.which else args.which
     for w in which:
         if w not in BENCHES:
