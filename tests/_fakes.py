@@ -31,6 +31,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from hypothesis import HealthCheck, settings
 
 from nxrt.api import DataType, TensorMut, TensorView
 from nxrt.errors import CaptureError, CudaError
@@ -325,3 +326,12 @@ class FakeRuntime:
     def names(self) -> list[str]:
         """Entries launched so far, in order."""
         return [x.name for x in self.launches]
+
+
+# Hypothesis settings shared by the fuzz suites: derandomized (CI runs are repeatable), no
+# example database, no deadline (first calls compile or plan).
+CPU_SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
+                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+PER_MUTATION = settings(CPU_SETTINGS, max_examples=30)
+GPU_SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+                        suppress_health_check=list(HealthCheck))

@@ -30,21 +30,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
 from nxrt.errors import KernelError, Unsupported
 from nxrt_kernels._ref_index_share import SelectedIndicesError, capacity_valid_lengths
 from nxrt_kernels.index_share import IndexShareFactory, _max_head_size
-from tests._fakes import FakeRuntime
+from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
 I32, I64 = DataType.INT32, DataType.INT64
 TYPED = (KernelError, Unsupported, ValueError)
-CPU_SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
-                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-PER_MUTATION = settings(CPU_SETTINGS, max_examples=30)
 
 
 # --------------------------------------------------------------------------- specs
@@ -558,8 +555,6 @@ def big_specs(draw: Any, field: str) -> Spec:
 
 
 # --------------------------------------------------------------------------- GPU half
-GPU_SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None,
-                        suppress_health_check=list(HealthCheck))
 
 
 @pytest.mark.gpu

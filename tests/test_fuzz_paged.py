@@ -27,21 +27,18 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
 from nxrt.errors import KernelError, Unsupported
 from nxrt_kernels import paged_attention as pa
 from nxrt_kernels.paged_attention import PagedAttentionFactory
-from tests._fakes import FakeRuntime
+from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
 from tests.test_paged_cpu import make_case, make_node
 
 BF16, F16, I32 = DataType.BFLOAT16, DataType.FLOAT16, DataType.INT32
 TYPED = (KernelError, Unsupported, ValueError)
-CPU_SETTINGS = settings(max_examples=100, deadline=None, derandomize=True, database=None,
-                        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-PER_MUTATION = settings(CPU_SETTINGS, max_examples=30)
 
 
 # --------------------------------------------------------------------------- specs
@@ -536,8 +533,6 @@ def big_cases(draw: Any, field: str) -> tuple[SimpleNamespace, bool]:
 
 
 # --------------------------------------------------------------------------- GPU half
-GPU_SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None,
-                        suppress_health_check=list(HealthCheck))
 
 
 @pytest.mark.gpu
