@@ -26,6 +26,7 @@ from nxrt._check import FastDriver, driver  # noqa: E402
 
 SRC = r'''
 extern "C" __global__ void empty_kernel() {}
+extern "C" __global__ void write_kernel(int* out, int v) { *out = v; }
 extern "C" __global__ void args_kernel(float* a, const float* b, const float* c, float* d,
                                        int n, float alpha) {}
 '''
@@ -60,6 +61,10 @@ def variants(rt: nxrt.CudaRuntime) -> dict:
         "rt.launch 6 args": lambda: rt.launch(a, g, b, args),
     }
     h, s = e.handle, rt.stream.handle
+    rt.device.make_current()
+    cufn = ctypes.c_void_p(int(driver.cuKernelGetFunction(h)[1]))
+    rows["raw ctypes cuLaunchKernelEx, CUfunction"] = lambda: fast.launch_fn(ref, cufn, None, None)
+    rows["raw ctypes cuLaunchKernelEx, CUfunction, GIL held"] = lambda: held.launch_fn(ref, cufn, None, None)
     rows["cuda.bindings cuLaunchKernel"] = lambda: driver.cuLaunchKernel(h, 1, 1, 1, 32, 1, 1, 0, s, 0, 0)
     try:
         cfg = driver.CUlaunchConfig()
@@ -108,6 +113,40 @@ def variants(rt: nxrt.CudaRuntime) -> dict:
     return rows
 
 
+def probe_cufunction(rt: nxrt.CudaRuntime) -> dict:
+    """Does a CUfunction launch on the runtime's stream work whatever context is current?"""
+    import threading
+
+    w = rt.nvrtc_function("prof", SRC, "write_kernel")
+    rt.device.make_current()
+    cufn = ctypes.c_void_p(int(driver.cuKernelGetFunction(w.handle)[1]))
+    fast = rt._fast
+    _cfg, ref = fast.config((1, 1, 1), (1, 1, 1), 0, rt.stream.ptr)
+    out = rt.alloc_raw(4)
+    res: dict = {}
+
+    def attempt(tag: str, v: int) -> None:
+        p = w.pack_c([out, np.int32(v)])
+        err = fast.launch_fn(ref, cufn, p, None)
+        rt.synchronize()
+        got = int(np.frombuffer(rt.dtoh(out, 4), np.int32)[0])
+        res[tag] = {"rc": int(err), "ran": got == v}
+
+    attempt("current = runtime context", 11)
+    th = threading.Thread(target=lambda: attempt("no current context (fresh thread)", 22))
+    th.start()
+    th.join()
+    err, other = driver.cuCtxCreate(None, 0, rt.device.handle) if hasattr(rt.device, "handle") else (1, None)
+    if int(err) == 0:
+        attempt("another context current", 33)
+        driver.cuCtxDestroy(other)
+    else:
+        res["another context current"] = f"cuCtxCreate failed: {err}"
+    rt.device.make_current()
+    rt.free_raw(out)
+    return res
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=7)
@@ -115,6 +154,10 @@ def main() -> None:
     ap.add_argument("--json", default="")
     opts = ap.parse_args()
     with nxrt.CudaRuntime(0) as rt:
+        try:
+            print("CUfunction probe:", json.dumps(probe_cufunction(rt)))
+        except Exception as exc:
+            print("CUfunction probe failed:", type(exc).__name__, exc)
         rows = variants(rt)
         names = list(rows)
         for fn in rows.values():  # warm-up
