@@ -132,6 +132,13 @@ class FastDriver:
         return cfg, self._byref(cfg)  # a byref object holds on to its struct
 
     @property
+    def launch_address(self) -> int:
+        """The address of libcuda's ``cuLaunchKernelEx`` (for the compiled launch path)."""
+        import ctypes
+
+        return ctypes.cast(self._launch, ctypes.c_void_p).value or 0
+
+    @property
     def launch_fn(self) -> Any:
         """The raw foreign function ``(config_ref, kernel, params, None) -> CUresult int``."""
         return self._launch

@@ -46,6 +46,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     cache = default_cache()
     info["cache"] = {"dir": str(cache.directory), "disk_enabled": cache.disk,
                      "entries": len(cache.entries()), "bytes": cache.size_bytes()}
+    try:
+        from . import _launchc  # noqa: F401
+
+        info["launch_path"] = "compiled (nxrt._launchc)"
+    except ImportError as exc:
+        info["launch_path"] = f"ctypes (nxrt._launchc not built: {exc})"
     reason = gpu_missing_reason()
     info["gpu"] = reason or "available"
     devices = []
@@ -72,6 +78,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     c = info["cache"]
     _print(f"compile cache: {c['dir']} ({'on' if c['disk_enabled'] else 'off: NXRT_CACHE=0'}), "
            f"{c['entries']} entries, {c['bytes'] / 1e6:.1f} MB")
+    _print(f"launch path: {info['launch_path']}")
     if reason is not None:
         _print(f"GPU: none — {reason}. Compiling still works: `nxrt warm --arch sm_90`.")
         return 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,6 +21,11 @@ from .graph import CAPTURE_MODES, Graph
 from .latch import Latch
 from .launch import Function, dim3, ptx_param_count
 from .memory import Ledger, MemoryStats
+
+try:  # the optional compiled launch path (setup.py builds it where a C compiler exists)
+    from . import _launchc
+except ImportError:
+    _launchc = None
 
 __all__ = ["CudaRuntime", "Stream"]
 
@@ -67,7 +74,8 @@ class CudaRuntime:
         self.arch, self.arch_exact = compiler.target_arch(self.capabilities.arch)
         flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
         self.stream = Stream(check(driver.cuStreamCreate(flags), "cuStreamCreate"))
-        self._configs: dict[tuple, Any] = {}
+        # (grid, block, shared_mem) -> (CUlaunchConfig address, its ctypes reference)
+        self._configs: dict[tuple, tuple[int, Any]] = {}
         self._cu_launch = self._fast.launch_fn
         self._ledger = Ledger()
         self._modules: dict[tuple, Any] = {}
@@ -76,7 +84,14 @@ class CudaRuntime:
         self._ptx: dict[tuple, bytes] = {}
         self._fn_lock = threading.Lock()
         self._capture_graph: Graph | None = None
-        self.launch_count = 0
+        self._py_launches = 0
+        self._launcher = None
+        if _launchc is not None and os.environ.get("NXRT_COMPILED_LAUNCH", "1") != "0":
+            # The compiled hot path shadows the method below for this instance; it calls
+            # _launch_py for everything off the hot path (same checks, same errors).
+            self._launcher = _launchc.Launcher(self._fast.launch_address, self._configs,
+                                               self._launch_py, self._launch_failed)
+            self.launch = self._launcher.launch
         self._closed = False
         latch_ptr = memory.alloc(4)
         memory.memset(latch_ptr, 0, 4, self.stream.handle)
@@ -252,12 +267,25 @@ class CudaRuntime:
             self._functions[key] = fn
             return fn
 
+    @property
+    def launch_count(self) -> int:
+        """Launches made through :meth:`launch` (both paths) since this runtime was created."""
+        return self._py_launches + (self._launcher.count if self._launcher is not None else 0)
+
+    @property
+    def compiled_launch(self) -> bool:
+        """True when :meth:`launch` runs the compiled hot path (``nxrt._launchc``)."""
+        return self._launcher is not None
+
     def launch(self, fn: Function, grid: int | Sequence[int], block: int | Sequence[int],
                args: Sequence[Any], shared_mem: int = 0) -> None:
         """Launch ``fn`` on the runtime's stream.
 
         ``args``: device pointers as ``int``, scalars as numpy scalars. Dynamic shared memory
-        above 48 KiB raises the function's limit once.
+        above 48 KiB raises the function's limit once. When the optional extension
+        ``nxrt._launchc`` is built (``pip install`` does it where a C compiler exists), the
+        instance's ``launch`` is its compiled hot path, which defers to this method for
+        anything unusual; ``NXRT_COMPILED_LAUNCH=0`` keeps this pure-Python path.
 
         Raises
         ------
@@ -268,6 +296,10 @@ class CudaRuntime:
         CudaError
             The driver refused the launch.
         """
+        return self._launch_py(fn, grid, block, args, shared_mem)
+
+    def _launch_py(self, fn: Function, grid: Any, block: Any, args: Sequence[Any],
+                   shared_mem: int = 0) -> None:
         # Hot path: one dict lookup for the cached CUlaunchConfig, argument packing, and one
         # foreign call. A CUkernel launched on a non-null stream runs in the stream's
         # context, so no context switch is needed whichever context is current here.
@@ -285,11 +317,14 @@ class CudaRuntime:
             params = None
         else:
             params = fn.no_args()
-        err = self._cu_launch(cfg, fn.handle_c, params, None)
+        err = self._cu_launch(cfg[1], fn.handle_c, params, None)
         if err:
-            self._fast.raise_for(err, f"cuLaunchKernelEx({fn.name}, grid={grid}, block={block}, "
-                                      f"shared_mem={shared_mem})")
-        self.launch_count += 1
+            self._launch_failed(err, fn, grid, block, shared_mem)
+        self._py_launches += 1
+
+    def _launch_failed(self, err: int, fn: Function, grid: Any, block: Any, shared_mem: Any) -> None:
+        self._fast.raise_for(err, f"cuLaunchKernelEx({fn.name}, grid={grid}, block={block}, "
+                                  f"shared_mem={shared_mem})")
 
     def _launch_config(self, key: tuple) -> Any:
         if self._closed:  # close() empties the config cache, so a closed runtime lands here
@@ -298,7 +333,8 @@ class CudaRuntime:
         g, b = dim3(grid, "grid"), dim3(block, "block")
         if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise ValueError(f"shared_mem must be a non-negative int, got {shared_mem!r}")
-        cfg = self._fast.config(g, b, int(shared_mem), self.stream.ptr)[1]
+        struct, ref = self._fast.config(g, b, int(shared_mem), self.stream.ptr)
+        cfg = (ctypes.addressof(struct), ref)  # the reference keeps the struct alive
         if len(self._configs) > 4096:  # bounded: shapes that change every call don't grow it
             self._configs.clear()
         self._configs[key] = cfg

@@ -677,6 +677,34 @@ def test_latch_register_validation(rt):
 
 # -- several runtimes, lifetime ---------------------------------------------------------------
 
+def test_compiled_and_python_launch_paths_agree(ledger, rng):
+    rt = ledger
+    compiled = REPO.joinpath("nxrt").glob("_launchc*.so")
+    if any(compiled) and os.environ.get("NXRT_COMPILED_LAUNCH", "1") != "0":
+        assert rt.compiled_launch, "nxrt._launchc is built but CudaRuntime.launch does not use it"
+    n = 3001
+    x, y = _rand(rng, n), _rand(rng, n)
+    f = _fn(rt, "saxpy")
+    with DeviceArray.from_numpy(rt, x) as dx, DeviceArray.from_numpy(rt, y) as dy, \
+            DeviceArray(rt, (n,), np.float32) as out:
+        for k, launch in enumerate((rt.launch, rt._launch_py, rt.launch)):
+            out.fill_bytes(0xFF)
+            before = rt.launch_count
+            # grid as an int, a tuple and a list: hot path, Python path, normalised key
+            grid = (_grid(n), [_grid(n), 1, 1], (_grid(n), 1, 1))[k]
+            launch(f, grid, BLOCK, [out.ptr, dx.ptr, dy.ptr, np.float32(k + 0.5), np.int32(n)])
+            assert rt.launch_count == before + 1
+            _check_close(out.numpy(), _saxpy_ref(x, y, k + 0.5))
+        # Argument errors are the same TypeError on both paths, and nothing is launched.
+        before = rt.launch_count
+        for launch in (rt.launch, rt._launch_py):
+            with pytest.raises(TypeError):
+                launch(f, _grid(n), BLOCK, [out.ptr, dx.ptr, dy.ptr, 1.5, np.int32(n)])
+            with pytest.raises(TypeError):
+                launch(f, _grid(n), BLOCK, [])
+        assert rt.launch_count == before
+
+
 def test_two_runtimes_interleaved(ledger, rng):
     rt1 = ledger
     n = 10_007

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,46 +92,68 @@ rt.close()
 
 
 def _host_rate(fn, n: int) -> float:
-    """Launches per ms of host time over ``n`` calls (after a warm-up)."""
-    for _ in range(200):
-        fn()
+    """Launches per ms of host time over ``n`` calls."""
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
     return n / ((time.perf_counter() - t0) * 1e3)
 
 
+def _interleaved_rates(ctx: BenchContext, fns: dict, n: int, rounds: int) -> dict[str, float]:
+    """Median launches/ms per callable over ``rounds`` rounds, the order rotated each round,
+    so that drift in the host's speed hits every launcher alike."""
+    names = list(fns)
+    for fn in fns.values():  # warm-up
+        for _ in range(200):
+            fn()
+    ctx.rt.synchronize()
+    samples: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            samples[name].append(_host_rate(fns[name], n))
+            ctx.rt.synchronize()
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def _launch_overhead(ctx: BenchContext) -> list[dict]:
     rt = ctx.rt
-    n = 2000 if ctx.quick else 20000
-    rows = []
+    n = 2000 if ctx.quick else 5000
+    rounds = 3 if ctx.quick else 9
     empty = rt.nvrtc_function("bench_empty", EMPTY_SRC, "empty_kernel")
     argk = rt.nvrtc_function("bench_args", ARGS_SRC, "args_kernel")
     buf = rt.alloc_raw(4096)
     try:
-        ours_empty = _host_rate(lambda: rt.launch(empty, 1, 32, ()), n)
-        rt.synchronize()
         args = [buf, buf, buf, buf, np.int32(0), np.float32(1.0)]
-        ours_args = _host_rate(lambda: rt.launch(argk, 1, 32, args), n)
-        rt.synchronize()
         # The floor: a bare cuLaunchKernel through cuda.bindings with no arguments.
         h, s = empty.handle, rt.stream.handle
-        bare = _host_rate(lambda: driver.cuLaunchKernel(h, 1, 1, 1, 32, 1, 1, 0, s, 0, 0), n)
-        rt.synchronize()
-        rows.append(row("runtime", "launch empty kernel (host)", "launches/ms", ours_empty,
-                        "cuda.bindings cuLaunchKernel", bare))
-        peers = _peer_launchers(ctx, n)
-        for name, rate in peers.items():
-            rows.append(row("runtime", "launch empty kernel (host)", "launches/ms", ours_empty, name, rate))
-        rows.append(row("runtime", "launch 6-arg kernel (host)", "launches/ms", ours_args,
-                        "rt.launch empty kernel", ours_empty))
+        fns = {
+            "ours": lambda: rt.launch(empty, 1, 32, ()),
+            "ours 6 args": lambda: rt.launch(argk, 1, 32, args),
+            "ctypes path": lambda: rt._launch_py(empty, 1, 32, ()),
+            "cuda.bindings cuLaunchKernel": lambda: driver.cuLaunchKernel(h, 1, 1, 1, 32, 1, 1, 0, s, 0, 0),
+            **_peer_launchers(ctx),
+        }
+        rates = _interleaved_rates(ctx, fns, n, rounds)
+        ctx.rt.device.make_current()
     finally:
         rt.free_raw(buf)
+    path = "compiled path" if rt.compiled_launch else "ctypes path (nxrt._launchc not built)"
+    ctx.log(f"rt.launch: {path}; medians of {rounds} interleaved rounds x {n} launches")
+    ours = rates.pop("ours")
+    rows = [row("runtime", "launch empty kernel (host)", "launches/ms", ours, name, rates[name])
+            for name in ("cuda.bindings cuLaunchKernel", "cuda.core launch", "CuPy RawKernel")
+            if name in rates]
+    rows.append(row("runtime", "launch empty kernel (host), rt.launch's ctypes fallback", "launches/ms",
+                    rates["ctypes path"], "cuda.core launch", rates.get("cuda.core launch", float("nan"))))
+    rows.append(row("runtime", "launch 6-arg kernel (host)", "launches/ms", rates["ours 6 args"],
+                    "rt.launch empty kernel", ours))
+    for r in rows:
+        r["launch_path"] = path
     return rows
 
 
-def _peer_launchers(ctx: BenchContext, n: int) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _peer_launchers(ctx: BenchContext) -> dict:
+    out: dict = {}
     try:
         from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
 
@@ -140,16 +163,14 @@ def _peer_launchers(ctx: BenchContext, n: int) -> dict[str, float]:
         ker = prog.compile("cubin").get_kernel("empty_kernel")
         stream = dev.create_stream()
         cfg = LaunchConfig(grid=1, block=32)
-        out["cuda.core launch"] = _host_rate(lambda: launch(stream, cfg, ker), n)
-        stream.sync()
+        out["cuda.core launch"] = lambda: launch(stream, cfg, ker)
     except Exception as exc:
         ctx.log(f"cuda.core launch peer unavailable: {type(exc).__name__}: {exc}")
     try:
         import cupy
 
         k = cupy.RawKernel(EMPTY_SRC, "empty_kernel")
-        out["CuPy RawKernel"] = _host_rate(lambda: k((1,), (32,), ()), n)
-        cupy.cuda.runtime.deviceSynchronize()
+        out["CuPy RawKernel"] = lambda: k((1,), (32,), ())
     except Exception as exc:
         ctx.log(f"CuPy peer unavailable: {type(exc).__name__}: {exc}")
     ctx.rt.device.make_current()

@@ -20,6 +20,8 @@ export PYTHONUNBUFFERED=1
 : "${NXRT_CACHE_DIR:=${TMPDIR:-/tmp}/nxrt-gpu-check-cache}"
 export NXRT_CACHE_DIR
 
+# The optional compiled launch path (pip install builds it; a bare checkout needs this).
+python3 tools/build_ext.py 2>&1 | tail -n 1
 python3 -m nxrt.cli doctor 2>&1 | tee "$OUT/doctor.txt"
 
 # shellcheck disable=SC2086

@@ -58,6 +58,7 @@ def variants(rt: nxrt.CudaRuntime) -> dict:
         "raw ctypes cuLaunchKernelEx, GIL released": lambda: fast.launch_fn(ref, e.handle_c, None, None),
         "raw ctypes cuLaunchKernelEx, GIL held": lambda: held.launch_fn(ref, e.handle_c, None, None),
         "rt.launch empty": lambda: rt.launch(e, g, b, ()),
+        "rt._launch_py empty (ctypes path)": lambda: rt._launch_py(e, g, b, ()),
         "rt.launch 6 args": lambda: rt.launch(a, g, b, args),
     }
     h, s = e.handle, rt.stream.handle
@@ -154,6 +155,7 @@ def main() -> None:
     ap.add_argument("--json", default="")
     opts = ap.parse_args()
     with nxrt.CudaRuntime(0) as rt:
+        print("compiled launch path:", rt.compiled_launch)
         try:
             print("CUfunction probe:", json.dumps(probe_cufunction(rt)))
         except Exception as exc:
