@@ -130,7 +130,9 @@ def probe_cufunction(rt: nxrt.CudaRuntime) -> dict:
         p = w.pack_c([out, np.int32(v)])
         err = fast.launch_fn(ref, cufn, p, None)
         rt.synchronize()
-        got = int(np.frombuffer(rt.dtoh(out, 4), np.int32)[0])
+        host = np.zeros(1, np.int32)
+        rt.dtoh(host, out)
+        got = int(host[0])
         res[tag] = {"rc": int(err), "ran": got == v}
 
     attempt("current = runtime context", 11)
