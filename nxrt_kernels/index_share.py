@@ -94,7 +94,11 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 #: Tensor-core warp layouts (WM warps along heads x WN along each tile's keys) with builds.
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
-PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge")
+PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe")
+#: Tensor-core per-tile pipelines (IS_PIPE): 1 the first one, 2 the leaner issue/score path
+#: (same bits; see cuda/index_share_mma.cu). ``_DEFAULT_PIPE`` is what the planner takes.
+MMA_PIPES = (1, 2)
+_DEFAULT_PIPE = 2
 
 
 def _aux_variant(dt: DataType) -> Variant:
@@ -106,9 +110,11 @@ def _simt_variant(dt: DataType, vec: int, cpl: int, rb: int) -> Variant:
                    {"IS_DTYPE": _DTYPE_CODE[dt], "IS_VEC": vec, "IS_CPL": cpl, "IS_RB": rb})
 
 
-def _mma_variant(dt: DataType, hd: int, wm: int, wn: int) -> Variant:
-    return Variant("index_share_mma.cu", ("is_attn_mma",),
-                   {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WM": wm, "IS_WN": wn})
+def _mma_variant(dt: DataType, hd: int, wm: int, wn: int, pipe: int = 1) -> Variant:
+    defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WM": wm, "IS_WN": wn}
+    if pipe != 1:  # pipe 1 keeps its original defines (and compile-cache keys)
+        defines["IS_PIPE"] = pipe
+    return Variant("index_share_mma.cu", ("is_attn_mma",), defines)
 
 
 def compile_variants() -> list[Variant]:
@@ -121,7 +127,8 @@ def compile_variants() -> list[Variant]:
             out += [_simt_variant(dt, wide, 1, rb), _simt_variant(dt, wide, 2, rb),
                     _simt_variant(dt, 1, 4, rb)]
     for dt in (DataType.FLOAT16, DataType.BFLOAT16):
-        out += [_mma_variant(dt, hd, wm, wn) for hd in (64, 128) for wm, wn in MMA_LAYOUTS]
+        out += [_mma_variant(dt, hd, wm, wn, pipe) for hd in (64, 128)
+                for wm, wn in MMA_LAYOUTS for pipe in MMA_PIPES]
     return out
 
 
@@ -163,7 +170,8 @@ class _Plan:
         wm = self.variant.defines.get("IS_WM")
         wn = self.variant.defines.get("IS_WN")
         return {"splits": self.splits, "wm": wm, "wn": wn, "stages": self.stages,
-                "merge": self.merge}
+                "merge": self.merge, "pipe": self.variant.defines.get("IS_PIPE", 1)
+                if self.path == "mma" else None}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -266,7 +274,10 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
             wm, wn = next((c for c in order if _mma_smem(*c, 2, h, cps_hi) <= smem_max),
                           order[0])
         hpc, threads = 16 * wm, 32 * wm * wn
-        variant, entry, lpk = _mma_variant(dt, h, wm, wn), "is_attn_mma", 0
+        pipe = int(knobs.get("pipe", _DEFAULT_PIPE))
+        if pipe not in MMA_PIPES:
+            raise KernelError(f"{OP}: pipe={pipe} must be one of {MMA_PIPES}")
+        variant, entry, lpk = _mma_variant(dt, h, wm, wn, pipe), "is_attn_mma", 0
         # Eight warps per SM (the registers allow no more): one 8-warp CTA with the deepest
         # ring that fits, or two 4-warp CTAs sharing the SM's shared memory.
         per_sm = 2 if threads == 128 else 1
@@ -474,7 +485,7 @@ class IndexShareKernel:
     """One IndexShare node bound to a runtime (see the module docstring).
 
     ``path_override`` (None, "simt" or "mma") pins the attention path, and
-    ``plan_override`` (a dict of ``PLAN_KNOBS``: splits, wm, wn, stages, merge) pins parts
+    ``plan_override`` (a dict of ``PLAN_KNOBS``: splits, wm, wn, stages, merge, pipe) pins parts
     of the plan; tests, benchmarks and sweeps use them, the defaults pick the plan the
     planner predicts fastest. ``last_plan`` is the plan of the latest ``execute``.
     """

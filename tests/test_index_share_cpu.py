@@ -506,7 +506,11 @@ _EMU_VARIANTS = [
     ("index_share_attn.cu", {"IS_DTYPE": 2, "IS_VEC": 8, "IS_CPL": 1, "IS_RB": 1}),
     ("index_share_mma.cu", {"IS_DTYPE": 2, "IS_HD": 64, "IS_WM": 1, "IS_WN": 4}),
     ("index_share_mma.cu", {"IS_DTYPE": 1, "IS_HD": 128, "IS_WM": 4, "IS_WN": 2}),
-    ("index_share_mma.cu", {"IS_DTYPE": 2, "IS_HD": 64, "IS_WM": 4, "IS_WN": 1}),
+    # The lean per-tile pipeline (IS_PIPE 2, the planner's default); the pipe-1 builds
+    # above serve test_emulated_mma_pipes_bitwise_equal.
+    ("index_share_mma.cu", {"IS_DTYPE": 2, "IS_HD": 64, "IS_WM": 1, "IS_WN": 4, "IS_PIPE": 2}),
+    ("index_share_mma.cu", {"IS_DTYPE": 1, "IS_HD": 128, "IS_WM": 4, "IS_WN": 2, "IS_PIPE": 2}),
+    ("index_share_mma.cu", {"IS_DTYPE": 2, "IS_HD": 64, "IS_WM": 4, "IS_WN": 1, "IS_PIPE": 2}),
 ]
 
 
@@ -775,3 +779,33 @@ def test_emulated_capture_validation_matches_host_rules(emu, rng):
             assert bool(bits & INDEX_SHARE_SELECTED_INDICES) == expect, (path, host)
         kern.close()
         _free(arrs + [y])
+
+
+@pytest.mark.parametrize("layout, bias", [((1, 4), False), ((1, 4), True), ((4, 2), False)],
+                         ids=["1x4-plain-tiles", "1x4-bias", "4x2-plain-tiles"])
+def test_emulated_mma_pipes_bitwise_equal(emu, rng, layout, bias):
+    """IS_PIPE 2 (lean issue, unchecked scores on whole live tiles, skipped unit rescale)
+    gives the bits of IS_PIPE 1: full and partial tiles, split-K, a padded row, bias."""
+    wm, wn = layout
+    if wn == 2:  # the 8-warp layout, on the f16 H 128 build
+        dt, n, h, sq, k, past = np.float16, 48, 128, 1, 330, 400
+    else:
+        dt, n, h, sq, k, past = BF16, 16, 64, 2, 330, 600
+    ins = make_case(rng, b=2, n=n, nkv=1, sq=sq, cur=2, past=past, h=h, k=k, dtype=dt,
+                    bias_shape=(2, n, sq, past + 2) if bias else None, idx_dtype=np.int32)
+    if bias:
+        ins[6].reshape(-1)[::13] = -np.inf
+    ins[5][1, 0, sq - 1, k - 70:] = -1  # padded tail: a partial last tile, fewer live tiles
+    nd = node(n, 1)
+    want = reference.index_share(nd, ins)[0]
+    got = {}
+    for pipe in (1, 2):
+        kern = index_share.IndexShareFactory(emu).create(nd)
+        kern.plan_override = {"wm": wm, "wn": wn, "stages": 3, "splits": 2, "pipe": pipe}
+        outs, kern, arrs = run_emu(emu, nd, ins, "none", "mma", kernel=kern)
+        assert kern.last_plan.knobs["pipe"] == pipe
+        assert rel_fro(outs[0], want) < TOL[DataType.from_numpy(dt)]
+        got[pipe] = outs[0]
+        kern.close()
+        _free(arrs)
+    assert np.array_equal(got[1].view(np.uint16), got[2].view(np.uint16))

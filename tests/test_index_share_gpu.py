@@ -292,9 +292,10 @@ def test_torch_tensors_and_workspace(rt, ledger, rng):
 
 @pytest.mark.parametrize("shape", ["decode", "prefill"])
 def test_mma_plans_agree(rt, ledger, rng, shape):
-    """Every tensor-core layout, ring depth and split merge matches the reference; the
-    in-kernel split merge and is_combine give the same bits; repeated runs are bitwise equal
-    (the last-CTA merge must not depend on which CTA finishes last)."""
+    """Every tensor-core layout, ring depth, split merge and per-tile pipeline matches the
+    reference; the in-kernel split merge and is_combine, and pipes 1 and 2, give the same
+    bits; repeated runs are bitwise equal (the last-CTA merge must not depend on which CTA
+    finishes last)."""
     if shape == "decode":  # few tasks: the planner splits the 2048 keys over many CTAs
         b, sq, past, k = 3, 1, 5000, 2048
     else:  # many (query) tasks, a padded row
@@ -309,7 +310,9 @@ def test_mma_plans_agree(rt, ledger, rng, shape):
     kern = index_share.IndexShareFactory(rt).create(nd)
     plans = [None, {"merge": "kernel"}, {"wm": 4, "wn": 2}, {"wm": 4, "wn": 1, "stages": 2},
              {"stages": 3, "splits": 3}, {"stages": 3, "splits": 3, "merge": "kernel"},
-             {"splits": 1}]
+             {"splits": 1},
+             # The first per-tile pipeline: the same bits as the default (IS_PIPE 2) plans.
+             {"pipe": 1}, {"pipe": 1, "wm": 4, "wn": 2}, {"pipe": 1, "stages": 3, "splits": 3}]
     got = {}
     try:
         for knobs in plans:

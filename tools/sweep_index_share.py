@@ -43,32 +43,43 @@ TOL_BF16 = 1e-2
 
 # Plan variants: name -> knobs (None = the planner's default). "old" approximates the
 # previous kernel's plan (4 warps, double buffer, splits from the old rule, is_combine).
+# "p1"/"p2" pin the tensor-core per-tile pipeline (IS_PIPE): p1 the first one, p2 the lean
+# issue/score path (bitwise the same results); decode rows first, they are the target.
+# Entries without "pipe" take the planner's default pipeline (_DEFAULT_PIPE).
 VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ("decode", 64): [
         ("default", None),
-        ("old:4x1-st2-S5-kernel", {"wm": 4, "wn": 1, "stages": 2, "splits": 5, "merge": "kernel"}),
-        ("4x2-st3-S2", {"wm": 4, "wn": 2, "stages": 3, "splits": 2}),
+        ("p1:4x2-st5-S2", {"wm": 4, "wn": 2, "stages": 5, "splits": 2, "pipe": 1}),
+        ("p2:4x2-st5-S2", {"wm": 4, "wn": 2, "stages": 5, "splits": 2, "pipe": 2}),
+        ("p2:4x2-st3-S2", {"wm": 4, "wn": 2, "stages": 3, "splits": 2, "pipe": 2}),
+        ("p2:4x2-st5-S1", {"wm": 4, "wn": 2, "stages": 5, "splits": 1, "pipe": 2}),
+        ("p2:4x2-st5-S3", {"wm": 4, "wn": 2, "stages": 5, "splits": 3, "pipe": 2}),
+        ("p2:4x1-st2-S4", {"wm": 4, "wn": 1, "stages": 2, "splits": 4, "pipe": 2}),
+        ("p1:4x1-st2-S4", {"wm": 4, "wn": 1, "stages": 2, "splits": 4, "pipe": 1}),
+        ("old:4x1-st2-S5-kernel", {"wm": 4, "wn": 1, "stages": 2, "splits": 5, "merge": "kernel",
+                                   "pipe": 1}),
         ("4x2-st4-S2", {"wm": 4, "wn": 2, "stages": 4, "splits": 2}),
-        ("4x2-st5-S2", {"wm": 4, "wn": 2, "stages": 5, "splits": 2}),
         ("4x2-st5-S2-kernel", {"wm": 4, "wn": 2, "stages": 5, "splits": 2, "merge": "kernel"}),
-        ("4x2-st5-S1", {"wm": 4, "wn": 2, "stages": 5, "splits": 1}),
         ("4x2-st5-S4", {"wm": 4, "wn": 2, "stages": 5, "splits": 4}),
-        ("4x1-st2-S4", {"wm": 4, "wn": 1, "stages": 2, "splits": 4}),
     ],
     ("decode", 128): [
         ("default", None),
-        ("old:4x1-st2-S3-kernel", {"wm": 4, "wn": 1, "stages": 2, "splits": 3, "merge": "kernel"}),
-        ("8x1-st3-S2", {"wm": 8, "wn": 1, "stages": 3, "splits": 2}),
+        ("p1:8x1-st5-S2", {"wm": 8, "wn": 1, "stages": 5, "splits": 2, "pipe": 1}),
+        ("p2:8x1-st5-S2", {"wm": 8, "wn": 1, "stages": 5, "splits": 2, "pipe": 2}),
+        ("p2:8x1-st3-S2", {"wm": 8, "wn": 1, "stages": 3, "splits": 2, "pipe": 2}),
+        ("p2:8x1-st5-S1", {"wm": 8, "wn": 1, "stages": 5, "splits": 1, "pipe": 2}),
+        ("p2:4x2-st5-S1", {"wm": 4, "wn": 2, "stages": 5, "splits": 1, "pipe": 2}),
+        ("p2:4x1-st2-S2", {"wm": 4, "wn": 1, "stages": 2, "splits": 2, "pipe": 2}),
+        ("old:4x1-st2-S3-kernel", {"wm": 4, "wn": 1, "stages": 2, "splits": 3, "merge": "kernel",
+                                   "pipe": 1}),
         ("8x1-st4-S2", {"wm": 8, "wn": 1, "stages": 4, "splits": 2}),
-        ("8x1-st5-S2", {"wm": 8, "wn": 1, "stages": 5, "splits": 2}),
-        ("8x1-st5-S1", {"wm": 8, "wn": 1, "stages": 5, "splits": 1}),
         ("8x1-st5-S3", {"wm": 8, "wn": 1, "stages": 5, "splits": 3}),
-        ("4x2-st5-S1", {"wm": 4, "wn": 2, "stages": 5, "splits": 1}),
-        ("4x1-st2-S2", {"wm": 4, "wn": 1, "stages": 2, "splits": 2}),
     ],
     ("prefill", 64): [
         ("default", None),
-        ("old:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1}),
+        ("p2:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 2}),
+        ("p2:4x2-st3", {"wm": 4, "wn": 2, "stages": 3, "splits": 1, "pipe": 2}),
+        ("old:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 1}),
         ("4x1-st3", {"wm": 4, "wn": 1, "stages": 3, "splits": 1}),
         ("4x2-st3", {"wm": 4, "wn": 2, "stages": 3, "splits": 1}),
         ("4x2-st4", {"wm": 4, "wn": 2, "stages": 4, "splits": 1}),
@@ -76,7 +87,9 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("prefill", 128): [
         ("default", None),
-        ("old:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1}),
+        ("p1:8x1-st5", {"wm": 8, "wn": 1, "stages": 5, "splits": 1, "pipe": 1}),
+        ("p2:8x1-st5", {"wm": 8, "wn": 1, "stages": 5, "splits": 1, "pipe": 2}),
+        ("old:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 1}),
         ("8x1-st3", {"wm": 8, "wn": 1, "stages": 3, "splits": 1}),
         ("8x1-st5", {"wm": 8, "wn": 1, "stages": 5, "splits": 1}),
         ("4x2-st5", {"wm": 4, "wn": 2, "stages": 5, "splits": 1}),
@@ -91,8 +104,8 @@ def shape_name(c: dict[str, Any]) -> str:
 def plan_text(p: dict[str, Any]) -> str:
     if p.get("path") != "mma":
         return f"{p.get('path')} S{p.get('splits')} {p.get('merge')}"
-    return (f"{p['wm']}x{p['wn']} st{p['stages']} S{p['splits']} {p['merge']} "
-            f"g{p['grid']} {p['smem'] // 1024}K")
+    return (f"p{p.get('pipe', 1)} {p['wm']}x{p['wn']} st{p['stages']} S{p['splits']} "
+            f"{p['merge']} g{p['grid']} {p['smem'] // 1024}K")
 
 
 # ---------------------------------------------------------------------------------------
@@ -331,8 +344,9 @@ def precompile(target: str) -> float:
     jobs = [(index_share._aux_variant(DataType.BFLOAT16).file,
              index_share._aux_variant(DataType.BFLOAT16).options, target)]
     for wm, wn in index_share.MMA_LAYOUTS:
-        v = index_share._mma_variant(DataType.BFLOAT16, 128, wm, wn)
-        jobs.append((v.file, v.options, target))
+        for pipe in index_share.MMA_PIPES:
+            v = index_share._mma_variant(DataType.BFLOAT16, 128, wm, wn, pipe)
+            jobs.append((v.file, v.options, target))
     try:
         with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),
                                  mp_context=multiprocessing.get_context("spawn")) as ex:

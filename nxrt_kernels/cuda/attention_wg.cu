@@ -2,7 +2,8 @@
 //
 // Same contract, parameters, row packing, grid and split-KV partials as attention_fused_tc.cu
 // (see attention_util.cuh): blockIdx.x = (b*Hkv + kvh) * row_tiles + reversed row tile,
-// blockIdx.y = split. A CTA owns BM = 128 packed query rows against BN = 64-key tiles.
+// blockIdx.y = split. A CTA owns BM = 128 packed query rows against BN = 64-key tiles (128 in
+// schedules 2-3, see NXRT_WG_SCHED below).
 //
 // 256 threads = two consumer warpgroups (WG), each owning 64 query rows (the wgmma M). No
 // producer warpgroup: every thread issues cp.async for tile t+1 right after the barrier of
@@ -17,8 +18,20 @@
 //   O += P V   wgmma m64n64k16 per 64 output channels, A = P from registers (the S
 //              accumulator layout re-packed to f16/bf16), B = V from shared memory N-major
 //              ("transposed", imm-trans-b = 1: keys are the rows of the stored tile).
-// Defines: NXRT_BF16 (0/1), HEAD_DIM (64 or 128: the runtime D must equal it), MIN_BLOCKS.
-// Shared memory: HEAD_DIM/64 * (128*128 + 4*64*128) + 1024 bytes (attention.py mirrors it).
+// Defines: NXRT_BF16 (0/1), HEAD_DIM (64 or 128: the runtime D must equal it), MIN_BLOCKS,
+// NXRT_WG_SCHED (the main-loop schedule, default 0):
+//   0  the loop above: per tile, barrier, S = Q Kᵀ, wait, softmax, O += P V, wait (no overlap).
+//   1  FA3's intra-warpgroup pipelining, 64-key tiles: S(t+1) = Q K(t+1)ᵀ is issued, then
+//      O += P(t) V(t) behind it; wgmma.wait_group 1 retires S(t+1) only, so softmax(t+1) runs
+//      while the tensor cores still do P(t) V(t); P(t+1) is packed after wait_group 0. K and V
+//      have separate two-slot rings (K(t+2) and V(t+1) stream in while K(t+1) / V(t) are read).
+//   2  schedule 1 with 128-key tiles (S by m64n128k16: half the barriers and waits per key,
+//      and 1.5x less shared-memory read traffic per S FLOP than two n64 instructions).
+//   3  schedule 2 with three-slot K and V rings: copies are issued two tiles ahead and
+//      waited with cp.async.wait_group 1, so each has two iterations to land.
+// Shared memory: HEAD_DIM/64 * (128*128 + 2*NST*BN*128) + 1024 bytes, BN = 128 for schedules
+// 2-3 and 64 otherwise, NST = 3 for schedule 3 and 2 otherwise (attention.py's wg_smem_bytes
+// mirrors schedule 0; tools/sweep_attention.py has wg_sched_smem_bytes for every schedule).
 #include "attention_util.cuh"
 
 #ifndef NXRT_BF16
@@ -30,6 +43,14 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 1
 #endif
+#ifndef NXRT_WG_SCHED
+#define NXRT_WG_SCHED 0
+#endif
+#if NXRT_WG_SCHED < 0 || NXRT_WG_SCHED > 3
+#error "NXRT_WG_SCHED must be 0, 1, 2 or 3"
+#endif
+// K/V stages (ring slots). A macro, not a constexpr: schedule 0's module stays identical.
+#define NXRT_WG_NST (NXRT_WG_SCHED == 3 ? 3 : 2)
 
 #if NXRT_BF16
 typedef __nv_bfloat16 T;
@@ -46,7 +67,7 @@ namespace {
 
 constexpr int DP = HEAD_DIM;
 constexpr int BM = 128;          // packed query rows per CTA
-constexpr int BN = 64;           // keys per tile
+constexpr int BN = NXRT_WG_SCHED >= 2 ? 128 : 64;  // keys per tile
 constexpr int NT = 256;          // two warpgroups
 constexpr int HB = DP / 64;      // 64-channel blocks per row
 constexpr int CH = DP / 8;       // 16-byte chunks per row
@@ -55,7 +76,7 @@ constexpr int TBLK = BN * 128;   // one 64-channel block of a K or V tile
 constexpr int Q_BYTES = HB * QBLK;
 constexpr int T_BYTES = HB * TBLK;
 constexpr int OFF_KV = Q_BYTES;  // stage s: K at OFF_KV + 2 s T_BYTES, V right after it
-constexpr int SMEM_USED = Q_BYTES + 4 * T_BYTES;
+constexpr int SMEM_USED = Q_BYTES + 2 * NXRT_WG_NST * T_BYTES;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
 
 static_assert(DP == 64 || DP == 128, "HEAD_DIM must be 64 or 128");
@@ -81,6 +102,7 @@ __device__ __forceinline__ void load_tile(unsigned char* dst, const T* __restric
 
 }  // namespace
 
+#if NXRT_WG_SCHED == 0
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
@@ -292,3 +314,364 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
         }
     }
 }
+#else  // NXRT_WG_SCHED >= 1: S(t+1) and P(t) V(t) in flight while softmax(t+1) runs
+
+namespace {
+
+constexpr int NS = BN / 2;                    // S accumulators per thread (a quad: BN keys)
+constexpr int NST = NXRT_WG_NST;              // K/V ring slots
+constexpr int OFF_K = Q_BYTES;                  // K ring slot i at OFF_K + i T_BYTES
+constexpr int OFF_V = Q_BYTES + NST * T_BYTES;  // V ring slot i at OFF_V + i T_BYTES
+static_assert(SMEM_USED == OFF_V + NST * T_BYTES, "the rings fill the layout of SMEM_BYTES");
+static_assert(NST == 2 || NST == 3, "two or three K/V stages");
+
+// S = Q Kᵀ for this warpgroup's 64 rows against the BN keys at sK (both K-major, swizzled);
+// issued only (the caller commits and waits). K = D in 16-channel steps: 4 per 128-byte row.
+__device__ __forceinline__ void issue_s(float (&s)[NS], unsigned qa, unsigned sK) {
+#pragma unroll
+    for (int ks = 0; ks < DP / 16; ++ks) {
+        const unsigned qoff = (ks >> 2) * QBLK + (ks & 3) * 32;
+        const unsigned koff = (ks >> 2) * TBLK + (ks & 3) * 32;
+#if NXRT_WG_SCHED >= 2
+        wg_ss128(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
+                 ks > 0 ? 1 : 0);
+#else
+        wg_ss(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
+              ks > 0 ? 1 : 0);
+#endif
+    }
+}
+
+// O += P V: P from registers (k-step kk = keys 16 kk .. +15), V at sV N-major; issued only.
+__device__ __forceinline__ void issue_pv(float (&o)[HB][32], const unsigned (&pa)[BN / 16][4],
+                                         unsigned sV) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb)
+            wg_rs(o[qb], pa[kk], desc_sw128(sV + qb * TBLK + kk * (16 * 128), TBLK, 1024));
+}
+
+// Rows x = 0 (g) / 1 (g + 8) of O scaled by alpha[x].
+__device__ __forceinline__ void rescale_o(float (&o)[HB][32], const float (&alpha)[2]) {
+#pragma unroll
+    for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            o[qb][4 * j + 0] *= alpha[0];
+            o[qb][4 * j + 1] *= alpha[0];
+            o[qb][4 * j + 2] *= alpha[1];
+            o[qb][4 * j + 3] *= alpha[1];
+        }
+}
+
+// fast_tanh (attention_util.cuh) with an approximate divide: an IEEE divide has a slow-path
+// subroutine call, and registers live across it spill at D64 with 2 CTAs per SM. 2/(1+e)
+// with e = inf gives 0 (tanh 1), e = 0 gives 2 (tanh -1); error ~2 ulp of the quotient.
+__device__ __forceinline__ float tanh_approx(float x) {
+    return 1.f - __fdividef(2.f, 1.f + exp2f(x * (2.f * kLog2e)));
+}
+
+// Online softmax of one tile in place: s (raw scores of keys kb..kb+BN-1; s[4 j + e] is key
+// kb + 8 j + 2 tq + (e & 1) of row x = e >> 1) becomes P = 2^(logit - m) in f32; m_run and
+// l_run (this thread's share of the row sums) advance; alpha gets the factor the caller must
+// apply to O before the next O += P V.
+__device__ __forceinline__ void softmax_tile(float (&s)[NS], const Work& w, const Row (&rows)[2],
+                                             int kb, int tq, int Sq, int Sk, int causal,
+                                             int window, bool general, float softcap,
+                                             float inv_softcap, float scale, float scale_log2,
+                                             const T* __restrict__ mask, float (&m_run)[2],
+                                             float (&l_run)[2], float (&alpha)[2]) {
+    const bool check = !tile_fully_visible(w, BM, kb, BN, Sq, Sk, causal, window);
+    float tmax[2] = {neg_inf(), neg_inf()};
+    if (!general && !check) {
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+            s[i] *= scale_log2;
+            tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
+        }
+    } else {
+        // Tile column c (key kb + c) is visible to row x iff lo[x] <= c < hi[x] (visible():
+        // key < Sk, key <= p if causal, p - key <= window if windowed).
+        const int sk_rel = Sk - kb;
+        int lo[2], hi[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            hi[x] = causal ? min(sk_rel, rows[x].p + 1 - kb) : sk_rel;
+            lo[x] = window >= 0 ? rows[x].p - window - kb : -(1 << 30);
+        }
+        if (general) {
+            // This thread's first mask element of each row in this tile, laundered through
+            // an empty asm so the compiler cannot hoist NS per-element addresses out of the
+            // key loop (that costs ~NS registers: spills at D64 with 2 CTAs per SM).
+            const T* mrow[2];
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                mrow[x] = mask + (rows[x].m_off >= 0 ? rows[x].m_off + kb + 2 * tq : 0);
+                asm volatile("" : "+l"(mrow[x]));
+            }
+            const int c_lim = sk_rel - 2 * tq;  // column offset o = 8 jj + (e & 1) < c_lim
+#pragma unroll
+            for (int jj = 0; jj < NS / 4; ++jj) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int i = 4 * jj + e;
+                    const int x = e >> 1;
+                    const int oc = 8 * jj + (e & 1);
+                    float y = s[i] * scale;
+                    if (softcap > 0.f) y = softcap * tanh_approx(y * inv_softcap);
+                    if (rows[x].m_off >= 0 && oc < c_lim) y += to_float(mrow[x][oc]);
+                    s[i] = y * kLog2e;
+                }
+                // At most 4 mask loads in flight (hoisting all NS costs NS registers).
+                asm volatile("" ::: "memory");
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < NS; ++i) s[i] *= scale_log2;
+        }
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+            const int x = (i >> 1) & 1;
+            const int c = 8 * (i >> 2) + 2 * tq + (i & 1);
+            if (c < lo[x] || c >= hi[x]) s[i] = neg_inf();
+            tmax[x] = fmaxf(tmax[x], s[i]);
+        }
+    }
+    float m_use[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        tmax[x] = quad_max(tmax[x]);
+        alpha[x] = online_rescale(m_run[x], tmax[x], m_use[x]);
+        l_run[x] *= alpha[x];
+    }
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+        const int x = (i >> 1) & 1;
+        const float p = exp2f(s[i] - m_use[x]);
+        l_run[x] += p;
+        s[i] = p;
+    }
+}
+
+// P (f32, accumulator layout) -> the A operand of P V: k-step kk covers keys 16 kk .. +15;
+// register 0/2: row g (keys lo/hi 8), 1/3: row g + 8.
+__device__ __forceinline__ void pack_p(unsigned (&pa)[BN / 16][4], const float (&s)[NS]) {
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+        pa[j >> 1][2 * (j & 1) + 0] = pack2<T>(s[4 * j + 0], s[4 * j + 1]);
+        pa[j >> 1][2 * (j & 1) + 1] = pack2<T>(s[4 * j + 2], s[4 * j + 3]);
+    }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
+attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
+    // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // A launch with less dynamic shared memory than this layout would write past the end.
+    if (dynamic_smem_bytes() < (unsigned)SMEM_BYTES) return;
+    // Swizzle atoms start on 1024-byte boundaries (descriptor base_offset 0).
+    unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const unsigned sbase = smem_u32(smem);
+    unsigned char* sQ = smem;
+    unsigned char* sK = smem + OFF_K;  // K ring: slot i at sK + i T_BYTES
+    unsigned char* sV = smem + OFF_V;  // V ring: slot i at sV + i T_BYTES
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp within it
+    const int g = lane >> 2, tq = lane & 3;
+
+    const Work w = decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
+    const T* kbase = k + w.b * k_sb + w.kvh * k_sh;
+    const T* vbase = v + w.b * v_sb + w.kvh * v_sh;
+    const bool general = softcap > 0.f || mask_planes > 0;
+    const float scale_log2 = scale * kLog2e;
+    const float inv_softcap = softcap > 0.f ? 1.f / softcap : 0.f;
+
+    // This thread's two rows in the wgmma accumulator layout: warp wq of WG wg owns tile rows
+    // 64 wg + 16 wq .. +15; x = 0: row g, x = 1: row g + 8.
+    Row rows[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+        rows[x] = make_row(w, w.r0 + 64 * wg + 16 * wq + g + 8 * x, B, H, Sq, Sk, q_sb, q_sh,
+                           q_ss, o_sb, o_sh, o_ss, mask_planes);
+
+    // O[:, 64 qb + 8 j + 2 tq + (e & 1)] of row x = e >> 1 is o[qb][4 j + e].
+    float o[HB][32];
+#pragma unroll
+    for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
+    float s[NS];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) s[i] = 0.f;
+    unsigned pa[BN / 16][4];
+    float m_run[2] = {neg_inf(), neg_inf()};
+    float l_run[2] = {0.f, 0.f};
+    float alpha[2] = {1.f, 1.f};  // pending rescale of O, applied before the next O += P V
+
+    const unsigned qa = sbase + 64 * wg * 128;  // this WG's 64 rows of Q (8 KB, 1024-aligned)
+    const int n_tiles = w.t_end - w.t_beg;
+    // Ring slots are by tile index relative to t_beg: K(t) and V(t) in slot (t - t_beg) % NST.
+    if (n_tiles > 0) {
+        // Prologue, group 1: Q (zero for packed rows past R) and K(t_beg).
+        for (int id = tid; id < BM * CH; id += NT) {
+            const int rr = id / CH;
+            const int c = id - rr * CH;
+            const int r = w.r0 + rr;
+            const bool ok = r < w.R;
+            const T* src = q;
+            if (ok) {
+                const int i = r / w.G;
+                const int h = w.kvh * w.G + (r - i * w.G);
+                src = q + w.b * q_sb + h * q_sh + i * q_ss + c * 8;
+            }
+            cp_async_16(sQ + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
+        }
+        load_tile(sK, kbase, k_ss, w.t_beg * BN, Sk, tid);
+        cp_async_commit();
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // [P] Q and K(t_beg) visible to wgmma; the rings are otherwise empty
+        // Group 2: V(t_beg) into V slot 0, K(t_beg + 1) into K slot 1; they land under S(t_beg).
+        load_tile(sV, vbase, v_ss, w.t_beg * BN, Sk, tid);
+        if (n_tiles > 1) load_tile(sK + T_BYTES, kbase, k_ss, (w.t_beg + 1) * BN, Sk, tid);
+        cp_async_commit();
+        if (NST == 3) {
+            // Group 3 (three stages: copies run two tiles ahead): V(t_beg + 1), K(t_beg + 2).
+            if (n_tiles > 1) load_tile(sV + T_BYTES, vbase, v_ss, (w.t_beg + 1) * BN, Sk, tid);
+            if (n_tiles > 2)
+                load_tile(sK + 2 * T_BYTES, kbase, k_ss, (w.t_beg + 2) * BN, Sk, tid);
+            cp_async_commit();
+        }
+
+        wg_fence();
+        issue_s(s, qa, sbase + OFF_K);
+        wg_commit();
+        wg_wait0();
+        fence_regs(s);
+        softmax_tile(s, w, rows, w.t_beg * BN, tq, Sq, Sk, causal, window, general, softcap,
+                     inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
+        pack_p(pa, s);
+    }
+
+    // Iteration it (tile t = t_beg + it, it + 1 < n_tiles): on entry pa = P(t), O lacks the
+    // factor alpha of softmax(t), and K(t+1) and V(t) are in the oldest pending copy group
+    // (two stages: the only one; three: the one before the newest, which holds K(t+2) and
+    // V(t+1)).
+    for (int it = 0; it + 1 < n_tiles; ++it) {
+        const int t = w.t_beg + it;
+        const int slot = it % NST;            // K(t) (retired), V(t) (read now)
+        const int slot1 = (it + 1) % NST;     // K(t+1) (read now)
+        const int slot_m1 = (it + NST - 1) % NST;  // V(t-1) (retired)
+        if (NST == 3)
+            cp_async_wait<1>();
+        else
+            cp_async_wait<0>();
+        fence_proxy_async();
+        // [A] K(t+1) and V(t) landed and are visible to wgmma. Every warpgroup has retired
+        // S(t) (wait_group 1 last iteration / in the prologue) and P(t-1) V(t-1) (wait_group
+        // 0), so K slot `slot` (K(t)) and V slot `slot_m1` (V(t-1)) may be refilled: with
+        // K(t + NST) and V(t + NST - 1), the tiles NST - 1 iterations ahead.
+        __syncthreads();
+        if (it + NST < n_tiles)
+            load_tile(sK + slot * T_BYTES, kbase, k_ss, (t + NST) * BN, Sk, tid);
+        if (it + NST - 1 < n_tiles)
+            load_tile(sV + slot_m1 * T_BYTES, vbase, v_ss, (t + NST - 1) * BN, Sk, tid);
+        cp_async_commit();  // possibly empty: one group per iteration keeps the wait counts
+
+        // S(t+1) = Q K(t+1)ᵀ, then O = alpha O + P(t) V(t), two groups in this order.
+        wg_fence();
+        issue_s(s, qa, sbase + OFF_K + slot1 * T_BYTES);
+        wg_commit();
+        rescale_o(o, alpha);  // O is no wgmma's accumulator now: P(t-1) V(t-1) was retired
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        wg_fence();
+        issue_pv(o, pa, sbase + OFF_V + slot * T_BYTES);
+        wg_commit();
+
+        // S(t+1) retired (groups retire in order); P(t) V(t) may still run: softmax(t+1)
+        // touches only s, m_run, l_run and alpha (not o, not pa) until wait_group 0.
+        wg_wait1();
+        fence_regs(s);
+        softmax_tile(s, w, rows, (t + 1) * BN, tq, Sq, Sk, causal, window, general, softcap,
+                     inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
+        wg_wait0();
+        // Pins both: O's next use and the overwrite of pa (P(t) was wgmma input) stay after
+        // the wait.
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        fence_regs(s);
+        pack_p(pa, s);
+    }
+
+    if (n_tiles > 0) {
+        // Last tile: O = alpha O + P V with V(t_end - 1) (its copy group is the only one left).
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // [B] V(t_end - 1) visible to wgmma
+        rescale_o(o, alpha);
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        wg_fence();
+        issue_pv(o, pa, sbase + OFF_V + ((n_tiles - 1) % NST) * T_BYTES);
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+    }
+
+    // ---- Epilogue (per thread, no shared memory: nothing to synchronise). The rows are
+    // rebuilt here from laundered indices (the compiler cannot reuse the prologue's products)
+    // so their output offsets hold no registers across the main loop: D64 with 2 CTAs per SM
+    // sits at the 128-register limit.
+    {
+        Work we = w;
+        int rbase = w.r0 + 64 * wg + 16 * wq + g;
+        asm volatile("" : "+r"(we.b), "+r"(we.kvh), "+r"(rbase));
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+            rows[x] = make_row(we, rbase + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh,
+                               o_ss, mask_planes);
+    }
+    float l_row[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) l_row[x] = quad_sum(l_run[x]);
+    if (splits == 1) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            // A row that saw no visible key has l = 0 and o = 0: it gives zeros.
+            const float inv = l_row[x] > 0.f ? 1.f / l_row[x] : 0.f;
+            T* orow = out + rows[x].o_off + 2 * tq;
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    store2(orow + 64 * qb + 8 * j, o[qb][4 * j + 2 * x] * inv,
+                           o[qb][4 * j + 2 * x + 1] * inv);
+        }
+    } else {
+        const long long n_rows = (long long)B * H * Sq;
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            const long long pr = (long long)w.split * n_rows + rows[x].orow;
+            float* po = ws_o + pr * D + 2 * tq;
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    store2(po + 64 * qb + 8 * j, o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
+            if (tq == 0) {
+                ws_ml[2 * pr] = m_run[x];
+                ws_ml[2 * pr + 1] = l_row[x];
+            }
+        }
+    }
+}
+#endif  // NXRT_WG_SCHED

@@ -15,7 +15,16 @@
 // is_combine; nothing touches the math with atomics, so the result is bitwise stable.
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_WM (1, 2, 4, 8), IS_WN (1, 2,
-// 4), IS_KT (keys per tile, a multiple of 16 * IS_WN).
+// 4), IS_KT (keys per tile, a multiple of 16 * IS_WN), IS_PIPE (1: the first pipeline;
+// 2: the leaner per-tile path below, the same bits).
+//
+// IS_PIPE 2 cuts the per-tile instruction count, which the H200 sweep showed to be the
+// limit (~2.3 us per 32 KB tile, the same from DRAM (decode) and L2 (prefill), whatever
+// the ring depth): each thread owns fixed (row slot, chunk) pairs, reads each slot's key
+// once for its K and V copies (all key loads before any copy), computes the row offset
+// once, and tracks ring stages without a modulo; tiles whose keys are all live skip the
+// per-score key lookup (no bias, no hole in the staged keys); the O rescale is skipped when
+// no row max moved (x * 1.0f is exact, so the bits match IS_PIPE 1).
 #include "index_share_mma.cuh"
 
 #ifndef IS_HD
@@ -29,6 +38,9 @@
 #endif
 #ifndef IS_KT
 #define IS_KT 64
+#endif
+#ifndef IS_PIPE
+#define IS_PIPE 1
 #endif
 #define IS_THREADS (32 * IS_WM * IS_WN)
 #define IS_MROWS (16 * IS_WM)
@@ -46,6 +58,10 @@ static_assert(IS_KW % 16 == 0, "each warp needs whole 16-key steps of a tile");
 #define IS_MAX_STAGES 8  // is_cp_async_wait_dyn covers up to 6 pending groups
 static_assert(IS_THREADS <= 256, "at most 8 warps");
 static_assert(IS_CHUNKS % IS_THREADS == 0, "every thread issues the same copies per stage");
+// IS_PIPE 2: thread t copies chunk t % CPR of row slots t / CPR + j * IS_SSTEP (K and V).
+#define IS_SSTEP (IS_THREADS / IS_CPR)
+#define IS_RPT (IS_KT / IS_SSTEP)  // row slots per thread per tile
+static_assert(IS_THREADS % IS_CPR == 0 && IS_KT % IS_SSTEP == 0, "whole rows per thread pass");
 
 // Dynamic shared memory, in bytes (the host mirrors this in index_share._mma_smem):
 // sQ[MROWS][LDS], then a union of the stage ring (K then V rows of each stage), the states
@@ -170,6 +186,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
   const int union_bytes = ring_bytes > IS_MERGE_BYTES ? ring_bytes : IS_MERGE_BYTES;
   IS_DYN_SMEM_NEED(IS_Q_BYTES + union_bytes + (long long)cps * 4);
   __shared__ int s_live, s_flag;
+#if IS_PIPE >= 2
+  __shared__ int s_hole;
+#endif
   is_t* sQ = reinterpret_cast<is_t*>(smem);
   is_t* sRing = reinterpret_cast<is_t*>(smem + IS_Q_BYTES);
   int* s_key = reinterpret_cast<int*>(smem + IS_Q_BYTES + union_bytes);
@@ -196,11 +215,15 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
   const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
   const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K;
   const int vbound = (latch && valid_len) ? valid_len[t.b] : bound;
+#if IS_PIPE >= 2
+  if (tid == 0) s_hole = 0;  // ordered before every write below by the staging's first barrier
+#endif
   const int live = is_stage_keys(idx, irow, idx64, c_begin, ncols, bound, s_key, &s_live, latch,
                                  vbound);
 
   // Gather tile `tile` of the split's selected keys into stage `st`. A masked column
   // (padding, or a poisoned replay's negative index) zero-fills its rows without a read.
+#if IS_PIPE < 2
   auto issue = [&](int tile, int st) {
     is_t* dst0 = sRing + st * IS_STAGE;
 #pragma unroll
@@ -217,13 +240,54 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
       is_cp_async16(dst0 + (which * IS_KT + slot) * IS_LDS + ch * 8, src, key >= 0 ? 16 : 0);
     }
   };
+#endif
+
+#if IS_PIPE >= 2
+  // Thread tid copies chunk ch2 of row slots s2_0 + j * IS_SSTEP of every tile, K and V.
+  const int ch2 = tid % IS_CPR, s2_0 = tid / IS_CPR;
+  const long long base0 = bh * (long long)len0, base1 = bh * (long long)len1 - len0;
+  auto issue2 = [&](int tile, int st) {
+    is_t* dst0 = sRing + st * IS_STAGE + s2_0 * IS_LDS + ch2 * 8;
+    int key[IS_RPT];
+    // Every key read before any copy is issued: one shared-memory latency per tile.
+#pragma unroll
+    for (int j = 0; j < IS_RPT; ++j) {
+      const int col = tile * IS_KT + s2_0 + j * IS_SSTEP;
+      key[j] = col < live ? s_key[col] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < IS_RPT; ++j) {
+      const int kj = key[j];
+      const bool ok = kj >= 0;
+      const bool seg1 = kj >= len0;
+      // Element offset of the row in its segment (as is_row); unused when masked.
+      const long long off = ((seg1 ? base1 : base0) + (ok ? kj : 0)) * IS_HD + ch2 * 8;
+      const is_t* ks = ok ? (seg1 ? k1 : k0) + off : k0;
+      const is_t* vs = ok ? (seg1 ? v1 : v0) + off : v0;
+      is_t* d = dst0 + j * IS_SSTEP * IS_LDS;
+      is_cp_async16(d, ks, ok ? 16 : 0);
+      is_cp_async16(d + IS_KT * IS_LDS, vs, ok ? 16 : 0);
+    }
+  };
+#endif
 
   // Prologue: tiles 0 .. ST-2 in flight (one commit group each, empty past the end).
   const int ntiles = (live + IS_KT - 1) / IS_KT;
   for (int p = 0; p < ST - 1; ++p) {
+#if IS_PIPE >= 2
+    if (p < ntiles) issue2(p, p);
+#else
     if (p < ntiles) issue(p, p);
+#endif
     is_cp_async_commit();
   }
+#if IS_PIPE >= 2
+  // A masked column below `live` (only a poisoned row has one: valid rows pad at the end)
+  // sends every tile down the checked score path. Read after the first tile's barrier.
+  for (int i = tid; i < live; i += IS_THREADS)
+    if (s_key[i] < 0) s_hole = 1;  // racing stores of the same value
+  int cst = 0, ist = ST - 1;  // ring stages of the tile consumed / refilled next
+#endif
 
   unsigned qa[IS_KSTEPS][4];
   float oacc[IS_DT][4];
@@ -241,7 +305,12 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
     __syncthreads();
     {
       const int nxt = tile + ST - 1;
+#if IS_PIPE >= 2
+      if (nxt < ntiles) issue2(nxt, ist);
+      ist = ist + 1 == ST ? 0 : ist + 1;
+#else
       if (nxt < ntiles) issue(nxt, nxt % ST);
+#endif
       is_cp_async_commit();
     }
     if (tile == 0) {
@@ -250,7 +319,12 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
         is_ldmatrix_x4(qa[kk], sQ + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * IS_LDS + kk * 16 +
                                    (lane >> 4) * 8);
     }
+#if IS_PIPE >= 2
+    const is_t* sKs = sRing + cst * IS_STAGE;
+    cst = cst + 1 == ST ? 0 : cst + 1;
+#else
     const is_t* sKs = sRing + (tile % ST) * IS_STAGE;
+#endif
     const is_t* sVs = sKs + IS_KT * IS_LDS;
 
     float sacc[IS_NT][4];
@@ -270,6 +344,21 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
 
     // Scores (log2 domain), bias, masks; per-row tile max across the quad.
     float tmax[2] = {is_neg_inf(), is_neg_inf()};
+#if IS_PIPE >= 2
+    // Uniform: no bias, every key of the tile live and unmasked -> no per-score lookup.
+    const bool plain = !has_bias && (tile + 1) * IS_KT <= live && !s_hole;
+    if (plain) {
+#pragma unroll
+      for (int nt = 0; nt < IS_NT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float s = sacc[nt][i] * scale_log2;
+          sacc[nt][i] = s;
+          tmax[i >> 1] = fmaxf(tmax[i >> 1], s);
+        }
+      }
+    } else {
+#endif
 #pragma unroll
     for (int nt = 0; nt < IS_NT; ++nt) {
 #pragma unroll
@@ -288,6 +377,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
         tmax[i >> 1] = fmaxf(tmax[i >> 1], s);
       }
     }
+#if IS_PIPE >= 2
+    }
+#endif
     float muse[2];
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
@@ -298,11 +390,18 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
       const float corr = exp2f(mrow[hr] - muse[hr]);
       mrow[hr] = mn;
       lrow[hr] *= corr;
+#if IS_PIPE >= 2
+      // x * 1.0f == x bit for bit: skip the rescale when no row of the warp moved its max.
+      if (__any_sync(IS_FULL, corr != 1.f)) {
+#endif
 #pragma unroll
       for (int dt = 0; dt < IS_DT; ++dt) {
         oacc[dt][2 * hr] *= corr;
         oacc[dt][2 * hr + 1] *= corr;
       }
+#if IS_PIPE >= 2
+      }
+#endif
     }
 #pragma unroll
     for (int nt = 0; nt < IS_NT; ++nt) {
