@@ -25,6 +25,16 @@ Paths
     split-KV partials and parameters as ``tc``. Forced with ``path="wg"``; ``auto`` takes it
     for prefill (module flag ``WG_DEFAULT``, on since the H200 sweep: 1.36-1.47x ``tc`` on
     every bf16 prefill row of ``tools/sweep_attention.py``).
+``decode``
+    Single-kernel decode (f16/bf16, tensor-core-readable layout, at most ``DEC_MAX_ROWS`` =
+    16 packed query rows G·Sq; ``cuda/attention_fused_tc.cu`` built with ``DEC_STAGES``):
+    one 16-row mma block per CTA, every warp on its own 16 keys of each tile with its own
+    online softmax, a ``DEC_TILES`` stages-deep cp.async ring, warps merged in shared memory,
+    and split-KV merged in-kernel by the last CTA of each row tile (an atomic counter per
+    (batch, kv head); fixed split order, so results are bitwise reproducible). One launch per
+    call. Masks, softcap, causal and window as ``tc``. ``auto`` takes it for such calls when
+    the module flag ``DECODE_PATH`` is ``"single"`` (``"tc"``: the mma.sync kernel + split-KV
+    + ``attn_combine``, the measured route); ``path="decode"`` forces it.
 ``unfused``
     ``S = scale · Q Kᵀ`` (f32) into the workspace, a masked softmax in place, then ``P V``
     (``cuda/attention_gemm.cu``, ``cuda/attention_rows.cu``). Any D.
@@ -40,12 +50,20 @@ every fused call that does not split (all prefill shapes that fill the GPU) and 
 ``split_layout(...)`` bytes otherwise. Called without a workspace, the fused path does not
 split (correct, slower; never allocates), so it is capture-safe either way.
 
+Decode split counters: a CTA arrives on its row tile's counter and the last one merges; the
+counters must be zero at launch and the merging CTA re-arms them. They live in a small pool
+owned by the kernel (allocated and zeroed by the first eager split call, freed by
+:meth:`AttentionKernel.close`), so graph replays need no memset; a call that has no pool yet
+while capturing uses the tail of the workspace instead and clears it with a memset first.
+
 Path choice (``path="auto"``)
 -----------------------------
 1. D > 256 → ``unfused`` (the only path for such head dims).
 1b. with ``WG_DEFAULT`` (on): compute capability 9.0, f16/bf16, D in (64, 128),
    tensor-core-readable layout and at least ``WG_MIN_ROWS`` packed query rows (prefill) →
    ``wg``.
+1c. with ``DECODE_PATH == "single"``: f16/bf16, D % 8 == 0, tensor-core-readable layout and
+   G·Sq <= ``DEC_MAX_ROWS`` → ``decode``.
 2. f16/bf16 with D % 8 == 0 and tensor-core-readable strides/pointers → ``tc``.
 3. otherwise → ``simt``.
 The fused paths read Q, K, V once per row tile and write O once, while ``unfused`` writes and
@@ -53,10 +71,11 @@ reads B·H·Sq·Sk f32 scores three times and launches three kernels, so at ever
 fused kernel applies it moves less memory: fused is never slower by construction, and the
 benchmarks (``tools/bench_attention.py``, row "nxrt-unfused") record the measured margin.
 ``path="fused"`` forces the fused kernels (``tc`` where possible, else ``simt``),
-``path="simt"`` the CUDA-core fused kernel, ``path="wg"`` the wgmma kernel (a
-:class:`KernelError` where it does not apply; a pointer that is not 16-byte aligned at
-execute time falls back to ``simt`` as ``tc`` does), ``path="unfused"`` the three-kernel path;
-``num_splits`` forces the split count (tests of the combine step).
+``path="simt"`` the CUDA-core fused kernel, ``path="wg"`` the wgmma kernel, ``path="decode"``
+the single-kernel decode (each a :class:`KernelError` where it does not apply; a pointer that
+is not 16-byte aligned at execute time falls back to ``simt`` as ``tc`` does),
+``path="unfused"`` the three-kernel path; ``num_splits`` forces the split count (tests of the
+combine step).
 
 Capture: no path allocates, frees or synchronizes while the stream is capturing. The unfused
 path needs the executor's workspace then (without one it is a :class:`CaptureError`; eager
@@ -66,6 +85,7 @@ calls without one allocate a buffer, synchronize and free it).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,14 +109,15 @@ from ._common import CTYPE, Variant, check_workspace, get_function
 __all__ = ["AttentionFactory", "AttentionKernel", "Attrs", "Dims", "Plan", "compile_variants",
            "parse_attributes", "check_dims", "plan", "split_layout", "unfused_layout",
            "choose_splits", "tc_head_dim", "tc_smem_bytes", "simt_smem_bytes", "wg_smem_bytes",
-           "wg_reason", "WG_DEFAULT"]
+           "wg_reason", "WG_DEFAULT", "DECODE_PATH", "decode_reason", "decode_splits",
+           "decode_layout", "dec_smem_bytes"]
 
 OP = "pkg.nxrt::Attention"
 DOMAIN, OP_TYPE = "pkg.nxrt", "Attention"
 SUPPORTED = (DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16)
 INPUT_NAMES = ("Q", "K", "V", "mask")
 WS_ALIGN = 256
-PATHS = ("auto", "fused", "simt", "unfused", "wg")
+PATHS = ("auto", "fused", "simt", "unfused", "wg", "decode")
 
 #: ``auto`` picks the wgmma kernel for prefill on compute capability 9.0 (H200 sweep:
 #: 1.36-1.47x the mma.sync kernel, 0.83-1.0x torch's flash backend).
@@ -114,6 +135,20 @@ SIMT_ROWS, SIMT_KEYS, SIMT_THREADS = 32, 32, 256
 MAX_SPLITS = 64
 _I32 = 2**31 - 1
 _POS_MAX = 2**31 - 256  # int32 positions and row indices, with room for one tile past the end
+
+
+#: ``auto`` for decode-sized calls (G·Sq <= DEC_MAX_ROWS): ``"single"`` = the one-launch decode
+#: kernel (in-kernel split merge), ``"tc"`` = the mma.sync kernel + split-KV + ``attn_combine``.
+#: "tc" until the H200 sweep (tools/sweep_attention_decode.py) has measured "single".
+DECODE_PATH = "tc"
+#: Decode builds: padded head dim -> (warps per CTA, cp.async ring stages). Keys per tile are
+#: 16 per warp; shared memory (dec_smem_bytes) stays under 110 KiB so two CTAs fit an H100/H200
+#: SM, with (stages - 1) tiles (64-128 KiB per SM) in flight.
+DEC_TILES: dict[int, tuple[int, int]] = {64: (4, 4), 80: (4, 4), 128: (4, 3), 256: (2, 3)}
+DEC_MAX_ROWS = 16         # packed query rows G·Sq of one CTA (one mma row block)
+DEC_MAX_SPLITS = 64       # as DEC_MAX_SPLITS in attention_fused_tc.cu (weights in shared memory)
+DEC_CTAS_PER_SM = 2       # resident decode CTAs per SM (H100/H200 shared memory)
+DEC_MIN_TILES = 2         # key tiles per split at least (a split costs a partial and a merge)
 
 
 # --------------------------------------------------------------------------- attributes
@@ -292,6 +327,52 @@ def wg_reason(dims: Dims, dtype: DataType, tc_ok: bool, cc: tuple[int, int] | No
     return None
 
 
+def dec_smem_bytes(dp: int) -> int:
+    """Dynamic shared memory of the decode build ``dp`` (as DEC_SMEM_BYTES in
+    attention_fused_tc.cu): the 16-row Q tile plus ``stages`` tiles of K and V."""
+    nwarps, stages = DEC_TILES[dp]
+    return 16 * (dp + 8) * 2 + stages * 2 * 16 * nwarps * (dp + 8) * 2
+
+
+def decode_reason(dims: Dims, dtype: DataType, tc_ok: bool) -> str | None:
+    """Why the single-kernel decode cannot run this call (None: it can)."""
+    if dtype == DataType.FLOAT:
+        return "dtype FLOAT (the decode kernel takes f16/bf16)"
+    if tc_head_dim(dims.D) is None:
+        return f"head_dim D = {dims.D} (needs D % 8 == 0 and D <= 256)"
+    if not tc_ok:
+        return "Q/K/V strides that are not multiples of 8 elements (16-byte rows)"
+    if dims.group * dims.Sq > DEC_MAX_ROWS:
+        return (f"(num_heads/kv_num_heads) * Sq = {dims.group * dims.Sq} packed query rows "
+                f"(at most {DEC_MAX_ROWS})")
+    return None
+
+
+def decode_splits(dims: Dims, dp: int, sm_count: int, window: int = -1) -> int:
+    """Key splits of the decode kernel: one wave of ``DEC_CTAS_PER_SM * sm_count`` CTAs over
+    the B·Hkv row tiles, at least ``DEC_MIN_TILES`` key tiles per split (of the keys a local
+    window of ``window`` >= 0 leaves visible), at most ``DEC_MAX_SPLITS``."""
+    nwarps, _ = DEC_TILES[dp]
+    tasks = dims.B * dims.Hkv
+    keys = dims.Sk if window < 0 else min(dims.Sk, window + dims.Sq + 1)
+    n_tiles = -(-keys // (16 * nwarps))
+    if tasks == 0 or tasks >= sm_count or n_tiles < 2 * DEC_MIN_TILES:
+        return 1
+    return max(1, min(DEC_CTAS_PER_SM * sm_count // tasks, n_tiles // DEC_MIN_TILES,
+                      DEC_MAX_SPLITS))
+
+
+def decode_layout(rows: int, D: int, splits: int, tasks: int) -> tuple[int, int, int]:
+    """Decode workspace: (offset of f32 (m, l), offset of the u32 split counters [tasks],
+    total bytes). The partials are :func:`split_layout`'s (so a ``simt`` fallback can use
+    the same workspace); the counters follow. No bytes when splits == 1."""
+    if splits <= 1:
+        return 0, 0, 0
+    _, ml, total = split_layout(rows, D, splits)
+    cnt = _align(total)
+    return ml, cnt, cnt + _align(4 * tasks)
+
+
 def simt_smem_bytes(D: int) -> int:
     """Dynamic shared memory of the SIMT kernel at head dim D (as in attention_fused_simt.cu)."""
     kp = D | 1
@@ -358,11 +439,12 @@ def _check_unfused_grid(dims: Dims) -> None:
 class Plan:
     """What one call runs: the path, the tensor-core build, splits, workspace bytes."""
 
-    path: str            # "tc" | "wg" | "simt" | "unfused"
-    dp: int              # tensor-core (padded) head dim of "tc" / "wg", else 0
+    path: str            # "tc" | "wg" | "decode" | "simt" | "unfused"
+    dp: int              # tensor-core (padded) head dim of "tc" / "wg" / "decode", else 0
     splits: int
     workspace: int       # bytes
     ws_ml: int = 0       # offset of the split (m, l) array in the workspace
+    ws_cnt: int = 0      # "decode": offset of the split counters in the workspace
 
 
 def _tc_layout_ok(meta: TensorMetadata | TensorView) -> bool:
@@ -376,13 +458,15 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
     """Choose the path, splits and workspace for one call (pure; see the module docstring).
 
     ``tc_ok``: the operands' strides and pointers suit the tensor-core kernel. ``cc``: the
-    device's compute capability (None: unknown; ``auto`` then never takes ``wg``).
+    device's compute capability (None: unknown; ``auto`` then never takes ``wg``). The
+    ``decode`` path clamps ``num_splits`` to ``DEC_MAX_SPLITS``.
 
     Raises
     ------
     KernelError
-        A fused path is forced on a head dim it cannot take (D > 256), or ``path="wg"`` on
-        a call the wgmma kernel cannot run (see :func:`wg_reason`).
+        A fused path is forced on a head dim it cannot take (D > 256), ``path="wg"`` on a
+        call the wgmma kernel cannot run (see :func:`wg_reason`), or ``path="decode"`` on one
+        the decode kernel cannot run (see :func:`decode_reason`).
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
@@ -407,6 +491,22 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
                   else choose_splits(dims, WG_ROWS, WG_KEYS, sm_count))
         _, ml, total = split_layout(dims.B * dims.H * dims.Sq, D, splits)
         return Plan("wg", D, splits, total, ml)
+    use_dec = False
+    if path == "decode":
+        why = decode_reason(dims, dtype, tc_ok)
+        if why is not None:
+            raise KernelError(f"{OP}: path='decode' cannot run this call: {why}; use path='auto'")
+        use_dec = True
+    elif path == "auto" and DECODE_PATH == "single":
+        use_dec = decode_reason(dims, dtype, tc_ok) is None
+    if use_dec:
+        dp = tc_head_dim(D)
+        assert dp is not None  # decode_reason checked it
+        w = attrs.local_window_size
+        splits = (min(max(1, int(num_splits)), DEC_MAX_SPLITS) if num_splits is not None
+                  else decode_splits(dims, dp, sm_count, -1 if w < 0 or w >= dims.Sk else w))
+        ml, cnt, total = decode_layout(dims.B * dims.H * dims.Sq, D, splits, dims.B * dims.Hkv)
+        return Plan("decode", dp, splits, total, ml, cnt)
     dp = tc_head_dim(D) if dtype != DataType.FLOAT and path != "simt" and tc_ok else None
     if dp is not None:
         nwarps, bn = TC_TILES[dp]
@@ -434,6 +534,13 @@ def _wg_variant(dtype: DataType, D: int) -> Variant:
                     "MIN_BLOCKS": WG_DIMS[D]}, min_arch=90, arch_suffix="a")
 
 
+def _dec_variant(dtype: DataType, dp: int) -> Variant:
+    nwarps, stages = DEC_TILES[dp]
+    return Variant("attention_fused_tc.cu", ("attn_decode",),
+                   {"NXRT_T": CTYPE[dtype], "HEAD_DIM": dp, "BLOCK_N": 16 * nwarps,
+                    "NWARPS": nwarps, "DEC_STAGES": stages})
+
+
 def _simt_variant(dtype: DataType) -> Variant:
     return Variant("attention_fused_simt.cu", ("attn_fused_simt",),
                    {"NXRT_T": CTYPE[dtype], "DMAX": SIMT_DMAX})
@@ -456,6 +563,7 @@ def compile_variants() -> list[Variant]:
     for dt in SUPPORTED:
         out += [_simt_variant(dt), _rows_variant(dt), _gemm_variant(dt)]
     out += [_wg_variant(dt, D) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for D in WG_DIMS]
+    out += [_dec_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in DEC_TILES]
     return out
 
 
@@ -539,9 +647,14 @@ class AttentionKernel:
     node
         The ``pkg.nxrt::Attention`` node (attributes are validated here).
     path
-        ``"auto"`` (the heuristic), ``"fused"``, ``"simt"``, ``"unfused"`` or ``"wg"``.
+        ``"auto"`` (the heuristic), ``"fused"``, ``"simt"``, ``"unfused"``, ``"wg"`` or
+        ``"decode"``.
     num_splits
-        Force the split-KV count of the fused paths (None: heuristic).
+        Force the split-KV count of the fused paths (None: heuristic; ``decode`` clamps it
+        to ``DEC_MAX_SPLITS``).
+
+    The ``decode`` path keeps its split counters in a small pool (see the module docstring);
+    :meth:`close` frees it.
 
     Raises
     ------
@@ -562,6 +675,24 @@ class AttentionKernel:
         self.num_splits = num_splits
         self.last_plan: Plan | None = None
         self._fns: dict[tuple, Any] = {}
+        # Decode split counters: a zeroed pool (ptr, bytes) that every launch leaves at zero.
+        # With use_counter_pool False the counters always come from the workspace (memset per
+        # call; the sweep measures both).
+        self.use_counter_pool = True
+        self._cnt_ptr, self._cnt_bytes = 0, 0
+
+    def close(self) -> None:
+        """Free the decode split-counter pool (the kernel stays usable; the next eager split
+        decode call allocates it again)."""
+        if getattr(self, "_cnt_ptr", 0):  # __init__ may have raised before setting it
+            ptr, self._cnt_ptr, self._cnt_bytes = self._cnt_ptr, 0, 0
+            self.rt.free_raw(ptr)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception as exc:  # never raise from a finaliser
+            warnings.warn(f"{OP}: decode counters not freed: {exc}", ResourceWarning, stacklevel=1)
 
     @classmethod
     def fused(cls, rt: Any, node: Node, **kw: Any) -> AttentionKernel:
@@ -620,7 +751,8 @@ class AttentionKernel:
         # pointers or an output layout the tensor-core kernel cannot take switch the kernel
         # to the SIMT one, which shares the split layout.
         p = self._plan(dims, dtype, all(_tc_layout_ok(t) for t in (q, k, v)))
-        if p.path in ("tc", "wg") and not all(_tc_layout_ok(t) and t.ptr % 16 == 0 for t in (q, k, v, out)):
+        if p.path in ("tc", "wg", "decode") and not all(_tc_layout_ok(t) and t.ptr % 16 == 0
+                                                        for t in (q, k, v, out)):
             p = Plan("simt", 0, p.splits, p.workspace, p.ws_ml)
         if dims.empty:
             self.last_plan = p
@@ -722,6 +854,8 @@ class AttentionKernel:
                 v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
         if p.path == "unfused":
             self._launch_unfused(dims, dtype, q, k, v, mask, out, ws)
+        elif p.path == "decode":
+            self._launch_decode(p, dims, dtype, q, k, v, mask, out, ws)
         else:
             self._launch_fused(p, dims, dtype, q, k, v, mask, out, ws)
 
@@ -755,6 +889,45 @@ class AttentionKernel:
             self.rt.launch(self._fn(_rows_variant(dtype), "attn_combine"), (-(-rows // 4), 1, 1),
                            (128, 1, 1), [split_o, split_ml, out.ptr, i32(dims.B), i32(dims.H),
                                          i32(dims.Sq), i32(dims.D), i32(p.splits), *ost])
+
+    def _counters(self, p: Plan, tasks: int, ws: int) -> int:
+        """Zeroed split counters for one decode launch: the pool (allocated and zeroed by the
+        first eager call), else the workspace's tail, cleared on the stream."""
+        need = 4 * tasks
+        if self.use_counter_pool:
+            if self._cnt_bytes >= need:
+                return self._cnt_ptr
+            if not self.rt.is_capturing():
+                nbytes = max(need, 4096)
+                new = self.rt.alloc_raw(nbytes)
+                self.rt.memset(new, 0, nbytes)
+                if self._cnt_ptr:
+                    self.rt.synchronize()  # earlier launches may still use the old pool
+                    self.rt.free_raw(self._cnt_ptr)
+                self._cnt_ptr, self._cnt_bytes = new, nbytes
+                return new
+        cnt = ws + p.ws_cnt
+        self.rt.memset(cnt, 0, need)
+        return cnt
+
+    def _launch_decode(self, p: Plan, dims: Dims, dtype: DataType, q: TensorView, k: TensorView,
+                       v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
+        i32, i64, f32 = np.int32, np.int64, np.float32
+        nwarps, _ = DEC_TILES[p.dp]
+        tasks = dims.B * dims.Hkv  # one row tile each (G·Sq <= DEC_MAX_ROWS)
+        splits = min(p.splits, DEC_MAX_SPLITS)
+        split_o, split_ml, cnt = 0, 0, 0
+        if splits > 1:
+            split_o, split_ml = ws, ws + p.ws_ml
+            cnt = self._counters(p, tasks, ws)
+        strides = [i64(s) for t in (q, k, v, out) for s in t.element_strides[:3]]
+        args = [q.ptr, k.ptr, v.ptr, mask.ptr if mask is not None else 0, out.ptr, split_o,
+                split_ml, i32(dims.B), i32(dims.H), i32(dims.Hkv), i32(dims.Sq), i32(dims.Sk),
+                i32(dims.D), *strides, i32(dims.mask_planes), i32(int(self.attrs.causal)),
+                i32(self._window(dims)), f32(self._scale(dims)), f32(self.attrs.softcap),
+                i32(1), i32(splits), cnt]
+        self.rt.launch(self._fn(_dec_variant(dtype, p.dp), "attn_decode"), (tasks, splits, 1),
+                       (32 * nwarps, 1, 1), args, shared_mem=dec_smem_bytes(p.dp))
 
     def _launch_unfused(self, dims: Dims, dtype: DataType, q: TensorView, k: TensorView,
                         v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
