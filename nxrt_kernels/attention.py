@@ -122,9 +122,14 @@ PATHS = ("auto", "fused", "simt", "unfused", "wg", "decode")
 #: ``auto`` picks the wgmma kernel for prefill on compute capability 9.0 (H200 sweep:
 #: 1.36-1.47x the mma.sync kernel, 0.83-1.0x torch's flash backend).
 WG_DEFAULT = True
-#: wgmma build: head dims, rows and keys per CTA tile, threads, min resident CTAs per SM.
-WG_DIMS: dict[int, int] = {64: 2, 128: 1}
-WG_ROWS, WG_KEYS, WG_THREADS = 128, 64, 256
+#: wgmma build per head dim: (schedule NXRT_WG_SCHED, keys per tile, min resident CTAs per SM).
+#: Schedules (cuda/attention_wg.cu): 0 = S, softmax, PV in turn, 64-key tiles; 1 = FA3-style
+#: overlap inside each warpgroup (S(t+1) issued before softmax(t), PV(t) behind it); 2 = 1
+#: with 128-key tiles; 3 = 2 with a 3-stage ring. H200 sweep (bf16, 2026-11-30): D128 takes
+#: 2 (292 -> 313 TFLOP/s at S8192), D64 keeps 0 (1 and 2 were 1-10 % slower there).
+WG_BUILD: dict[int, tuple[int, int, int]] = {64: (0, 64, 2), 128: (2, 128, 1)}
+WG_DIMS: dict[int, int] = {D: b[2] for D, b in WG_BUILD.items()}
+WG_ROWS, WG_THREADS = 128, 256
 #: ``auto`` uses ``wg`` from this many packed query rows (G·Sq) on: a prefill shape.
 WG_MIN_ROWS = 128
 
@@ -139,8 +144,9 @@ _POS_MAX = 2**31 - 256  # int32 positions and row indices, with room for one til
 
 #: ``auto`` for decode-sized calls (G·Sq <= DEC_MAX_ROWS): ``"single"`` = the one-launch decode
 #: kernel (in-kernel split merge), ``"tc"`` = the mma.sync kernel + split-KV + ``attn_combine``.
-#: "tc" until the H200 sweep (tools/sweep_attention_decode.py) has measured "single".
-DECODE_PATH = "tc"
+#: H200 sweep (tools/sweep_attention_decode.py, bf16 D128 B8 H32/8): "single" 16.8 / 77.4 /
+#: 272.9 us at Sk 1k / 8k / 32k against 21.8 / 81.5 / 283.4 for "tc".
+DECODE_PATH = "single"
 #: Decode builds: padded head dim -> (warps per CTA, cp.async ring stages). Keys per tile are
 #: 16 per warp; shared memory (dec_smem_bytes) stays under 110 KiB so two CTAs fit an H100/H200
 #: SM, with (stages - 1) tiles (64-128 KiB per SM) in flight.
@@ -307,11 +313,18 @@ def tc_smem_bytes(dp: int) -> int:
     return (bm + 4 * bn) * (dp + 8) * 2 + bm * ((bn + 4) * 4 + 8)
 
 
+def wg_keys(D: int) -> int:
+    """Keys per tile of the wgmma build at head dim D."""
+    return WG_BUILD[D][1]
+
+
 def wg_smem_bytes(D: int) -> int:
     """Dynamic shared memory of the wgmma kernel at head dim D (as SMEM_BYTES in
-    attention_wg.cu): Q [128 x D] and two stages of K and V [64 x D], plus 1024 bytes of
-    slack to align the swizzle atoms."""
-    return (D // 64) * (WG_ROWS * 128 + 4 * WG_KEYS * 128) + 1024
+    attention_wg.cu): Q [128 x D] and 2 (3 for schedule 3) stages of K and V [keys x D],
+    plus 1024 bytes of slack to align the swizzle atoms."""
+    sched, keys, _ = WG_BUILD[D]
+    stages = 3 if sched == 3 else 2
+    return (D // 64) * (WG_ROWS * 128 + 2 * stages * keys * 128) + 1024
 
 
 def wg_reason(dims: Dims, dtype: DataType, tc_ok: bool, cc: tuple[int, int] | None) -> str | None:
@@ -488,7 +501,7 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
                   and dims.group * dims.Sq >= WG_MIN_ROWS)
     if use_wg:
         splits = (max(1, int(num_splits)) if num_splits is not None
-                  else choose_splits(dims, WG_ROWS, WG_KEYS, sm_count))
+                  else choose_splits(dims, WG_ROWS, wg_keys(D), sm_count))
         _, ml, total = split_layout(dims.B * dims.H * dims.Sq, D, splits)
         return Plan("wg", D, splits, total, ml)
     use_dec = False
@@ -529,9 +542,11 @@ def _tc_variant(dtype: DataType, dp: int) -> Variant:
 
 
 def _wg_variant(dtype: DataType, D: int) -> Variant:
-    return Variant("attention_wg.cu", ("attn_fused_wg",),
-                   {"NXRT_BF16": int(dtype == DataType.BFLOAT16), "HEAD_DIM": D,
-                    "MIN_BLOCKS": WG_DIMS[D]}, min_arch=90, arch_suffix="a")
+    sched, _, min_blocks = WG_BUILD[D]
+    defines = {"NXRT_BF16": int(dtype == DataType.BFLOAT16), "HEAD_DIM": D, "MIN_BLOCKS": min_blocks}
+    if sched:
+        defines["NXRT_WG_SCHED"] = sched
+    return Variant("attention_wg.cu", ("attn_fused_wg",), defines, min_arch=90, arch_suffix="a")
 
 
 def _dec_variant(dtype: DataType, dp: int) -> Variant:
@@ -818,7 +833,7 @@ class AttentionKernel:
     def _plan(self, dims: Dims, dtype: DataType, tc_ok: bool) -> Plan:
         sm = int(self.rt.capabilities.sm_count)
         # Every compute capability 9.0 part (H100/H200) has 227 KiB of opt-in shared memory,
-        # far above wg_smem_bytes(128) = 99 KiB.
+        # far above what the wgmma build uses (wg_smem_bytes).
         cc = getattr(self.rt.capabilities, "compute_capability", None)
         cc = tuple(cc) if cc is not None else None
         return plan(self.attrs, dims, dtype, sm, path=self.path, tc_ok=tc_ok,

@@ -254,13 +254,21 @@ def test_workspace_requirement_matches_formula(path):
     req = k.workspace_requirement(dec)
     if path == "unfused":
         assert req.nbytes == unfused_layout(1, 32, 1, 8192)[1]
-    else:
+    elif path == "fused":
         dims = Dims(1, 32, 8, 1, 8192, 128, 0)
         splits = choose_splits(dims, 64, 64, 132)
         assert splits > 1
         assert req.nbytes == split_layout(32, 128, splits)[2] and req.alignment == 256
         p = plan(k.attrs, dims, BF16, 132, path=path)
         assert (p.path, p.dp, p.splits, p.workspace) == ("tc", 128, splits, req.nbytes)
+    else:  # auto: the one-launch decode kernel (DECODE_PATH "single"): partials + counters
+        assert attention.DECODE_PATH == "single"
+        dims = Dims(1, 32, 8, 1, 8192, 128, 0)
+        splits = attention.decode_splits(dims, 128, 132)
+        assert splits > 1
+        assert req.nbytes == attention.decode_layout(32, 128, splits, 8)[2] and req.alignment == 256
+        p = plan(k.attrs, dims, BF16, 132, path=path)
+        assert (p.path, p.dp, p.splits, p.workspace) == ("decode", 128, splits, req.nbytes)
 
 
 def test_plan_paths():
@@ -507,6 +515,7 @@ class FakeRuntime:
         self.arch = "sm_90"
         self.launches: list[tuple] = []
         self.allocs = 0
+        self.memsets: list[tuple] = []
         self.capturing = capturing
 
     def nvrtc_function(self, module, source, entry, options=(), *, headers=None, arch=None):
@@ -538,6 +547,9 @@ class FakeRuntime:
     def free_raw(self, p):
         self.allocs -= 1
 
+    def memset(self, ptr, value, nbytes):
+        self.memsets.append((ptr, value, nbytes))
+
     def synchronize(self):
         pass
 
@@ -545,9 +557,13 @@ class FakeRuntime:
 LAUNCH_CASES = [
     # dtype, path, B, H, Hkv, Sq, Sk, D, attrs, mask, splits -> entries launched
     (F16, "auto", 8, 16, 4, 100, 300, 128, {"causal": 1}, False, None, ["attn_fused_tc"]),
-    (BF16, "auto", 1, 32, 8, 1, 8192, 128, {}, False, None, ["attn_fused_tc", "attn_combine"]),
-    (BF16, "auto", 1, 4, 4, 7, 50, 80, {"softcap": 3.0}, True, None, ["attn_fused_tc"]),
-    (F16, "auto", 1, 2, 1, 5, 9, 256, {}, False, 2, ["attn_fused_tc", "attn_combine"]),
+    (BF16, "fused", 1, 32, 8, 1, 8192, 128, {}, False, None, ["attn_fused_tc", "attn_combine"]),
+    (BF16, "fused", 1, 4, 4, 7, 50, 80, {"softcap": 3.0}, True, None, ["attn_fused_tc"]),
+    (F16, "fused", 1, 2, 1, 5, 9, 256, {}, False, 2, ["attn_fused_tc", "attn_combine"]),
+    # auto with G·Sq <= 16: the one-launch decode kernel, splits merged in the kernel
+    (BF16, "auto", 1, 32, 8, 1, 8192, 128, {}, False, None, ["attn_decode"]),
+    (BF16, "auto", 1, 4, 4, 7, 50, 80, {"softcap": 3.0}, True, None, ["attn_decode"]),
+    (F16, "auto", 1, 2, 1, 5, 9, 256, {}, False, 2, ["attn_decode"]),
     (F32, "auto", 2, 4, 2, 17, 130, 64, {"local_window_size": 3}, True, None,
      ["attn_fused_simt", "attn_combine"]),
     (F32, "fused", 1, 8, 1, 1, 4096, 256, {}, False, None, ["attn_fused_simt", "attn_combine"]),
@@ -578,11 +594,17 @@ def test_launches_match_kernel_signatures(case, compiled):
     ws = attention.WorkspaceView(0x100000000, req.nbytes) if req.nbytes else None
     kern.execute(ins, [out], ws)
     assert [name for name, *_ in rt.launches] == entries
+    if entries == ["attn_decode"] and kern.last_plan.splits > 1:
+        # split counters: a small pool, zeroed once when allocated, freed by close()
+        assert rt.allocs == 1 and len(rt.memsets) == 1
+        kern.close()
     assert rt.allocs == 0
     if "attn_combine" in entries:
         assert kern.last_plan.splits > 1 and req.nbytes == kern.last_plan.workspace
     fused = rt.launches[0]
-    if fused[0] == "attn_fused_tc":
+    if fused[0] == "attn_decode":
+        assert fused[3] == attention.dec_smem_bytes(kern.last_plan.dp)
+    elif fused[0] == "attn_fused_tc":
         assert fused[3] == attention.tc_smem_bytes(kern.last_plan.dp)
     elif fused[0] == "attn_fused_simt":
         assert fused[3] == attention.simt_smem_bytes(D)
@@ -614,7 +636,9 @@ def test_wg_planning(monkeypatch):
     monkeypatch.setattr(attention, "WG_DEFAULT", True)
     assert attention.plan(a, pre, BF16, 132, cc=(8, 9)).path == "tc"
     assert attention.plan(a, pre, BF16, 132).path == "tc"  # unknown device
-    assert attention.plan(a, dec, BF16, 132, cc=h100).path == "tc"  # decode keeps tc + splits
+    assert attention.plan(a, dec, BF16, 132, cc=h100).path == "decode"  # the one-launch kernel
+    monkeypatch.setattr(attention, "DECODE_PATH", "tc")
+    assert attention.plan(a, dec, BF16, 132, cc=h100).path == "tc"  # tc + splits + combine
     assert attention.plan(a, pre, F32, 132, cc=h100).path == "simt"
 
 

@@ -11,7 +11,7 @@ halved for causal), bf16 (``--dtypes bf16,f16`` adds the f16 rows).
 
 Each of our impls runs in its own worker process (a schedule that faults or hangs costs only
 its own cells; a hang ends that impl's column). A ``wg-sN`` worker points attention.py's
-``_wg_variant`` / ``wg_smem_bytes`` / ``WG_KEYS`` / ``WG_DIMS`` at schedule N for its own
+``_wg_variant`` / ``wg_smem_bytes`` / ``WG_BUILD`` / ``WG_DIMS`` at schedule N for its own
 process only (what adopting it in attention.py would do). A worker first checks its path on
 small odd shapes (:data:`CHECKS`: f16 and bf16, MHA/GQA/MQA, causal with Sq < Sk and Sq > Sk,
 windows, softcap, masks, forced splits, D 64/128) against the float64 reference (relative
@@ -64,7 +64,7 @@ CHECKS: list[tuple[str, int, int, int, int, int, int, dict, int, int | None]] = 
 #: attention_wg.cu schedules (``NXRT_WG_SCHED``): keys per tile (BN), K/V ring stages and,
 #: per head dim, ``MIN_BLOCKS`` (resident CTAs per SM the registers are bounded for; NVRTC
 #: 13 ptxas, no spills: 0: 126/158 registers at D64/D128, 1: 126/168, 2 and 3: 198/205).
-#: Schedule 0 is what attention.py builds today (``WG_KEYS`` 64, ``WG_DIMS`` {64: 2, 128: 1}).
+#: attention.py's ``WG_BUILD`` picks one schedule per head dim (impl ``wg``); ``wg-sN`` forces N.
 #: 1: S(t+1) and P(t)V(t) in flight under softmax(t+1) (FA3 intra-warpgroup overlap);
 #: 2: 1 with 128-key tiles (S by m64n128k16); 3: 2 with three K/V stages.
 WG_SCHEDULES: dict[int, dict[str, Any]] = {
@@ -109,15 +109,14 @@ def wg_sched_defines(sched: int, bf16: bool, D: int) -> dict[str, object]:
 
 
 def impl_sched(impl: str) -> int | None:
-    """The attention_wg.cu schedule an impl name runs (``wg`` 0, ``wg-sN`` N; else None)."""
-    if impl == "wg":
-        return 0
+    """The attention_wg.cu schedule an impl name forces (``wg-sN``: N; ``wg`` runs
+    attention.py's per-head-dim ``WG_BUILD`` as shipped; else None)."""
     if impl.startswith("wg-s") and impl[4:].isdigit() and int(impl[4:]) in WG_SCHEDULES:
         return int(impl[4:])
     return None
 
 
-IMPLS = ("fused", "wg") + tuple(f"wg-s{s}" for s in sorted(WG_SCHEDULES) if s)
+IMPLS = ("fused", "wg") + tuple(f"wg-s{s}" for s in sorted(WG_SCHEDULES))
 
 
 def cases(quick: bool, dtypes: tuple[str, ...] = ("bf16",)) -> list[tuple]:
@@ -180,9 +179,6 @@ def _use_schedule(sched: int) -> None:
     from nxrt_kernels import _common
     from nxrt_kernels import attention as A
 
-    if sched == 0:
-        return  # attention.py as it is: the production build
-
     def variant(dtype: Any, D: int) -> Any:
         return _common.Variant("attention_wg.cu", ("attn_fused_wg",),
                                wg_sched_defines(sched, dtype == DataType.BFLOAT16, D),
@@ -190,7 +186,8 @@ def _use_schedule(sched: int) -> None:
 
     A._wg_variant = variant
     A.wg_smem_bytes = lambda D: wg_sched_smem_bytes(sched, D)
-    A.WG_KEYS = WG_SCHEDULES[sched]["keys"]
+    A.WG_BUILD = {D: (sched, WG_SCHEDULES[sched]["keys"], mb)
+                  for D, mb in WG_SCHEDULES[sched]["min_blocks"].items()}
     A.WG_DIMS = dict(WG_SCHEDULES[sched]["min_blocks"])
 
 
