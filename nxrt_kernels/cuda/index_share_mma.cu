@@ -352,7 +352,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
       for (int nt = 0; nt < IS_NT; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const float s = sacc[nt][i] * scale_log2;
+          // Rounded on its own (no contraction into the exp2 argument below), exactly as
+          // the checked path's select does: the same bits as IS_PIPE 1.
+          const float s = __fmul_rn(sacc[nt][i], scale_log2);
           sacc[nt][i] = s;
           tmax[i >> 1] = fmaxf(tmax[i >> 1], s);
         }
