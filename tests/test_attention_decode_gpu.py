@@ -3,65 +3,17 @@ reference, forced splits, masks/softcap/window, determinism, capture and replay.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
-import nxrt
-from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
-from nxrt_kernels import attention, reference
+from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
+from nxrt_kernels import attention
 from nxrt_kernels.attention import AttentionKernel
-from tests._util import TOL, rel_fro
+from tests._attention_util import Buffers, check, host_inputs, make_node
 
 pytestmark = pytest.mark.gpu
 
 F16, BF16 = DataType.FLOAT16, DataType.BFLOAT16
-
-
-def make_node(H, Hkv, _mask=False, **attrs) -> Node:
-    return Node("Attention", "pkg.nxrt", {"num_heads": H, "kv_num_heads": Hkv, **attrs},
-                ["q", "k", "v", "mask"] if _mask else ["q", "k", "v"], ["o"])
-
-
-def host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes=0, masked_row=False):
-    npdt = dtype.numpy
-    q = rng.standard_normal((B, H, Sq, D), dtype=np.float32).astype(npdt)
-    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(npdt)
-    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(npdt)
-    mask = None
-    if planes:
-        m = rng.standard_normal((planes, Sq, Sk), dtype=np.float32)
-        m[rng.random((planes, Sq, Sk)) < 0.2] = -np.inf  # some keys masked outright
-        if masked_row:
-            m[:, Sq - 1, :] = -np.inf  # one query row sees nothing: zeros
-        mask = m.astype(npdt)
-    return [q, k, v, mask]
-
-
-class Buffers(contextlib.ExitStack):
-    """Device buffers (and decode kernels' counter pools) freed on exit: the ledger returns
-    to zero."""
-
-    def __init__(self, rt):
-        super().__init__()
-        self.rt = rt
-
-    def array(self, host=None, shape=None, dtype=None) -> nxrt.DeviceArray:
-        a = (nxrt.DeviceArray.from_numpy(self.rt, host) if host is not None
-             else nxrt.DeviceArray(self.rt, shape, dtype))
-        self.callback(a.free)
-        return a
-
-    def raw(self, nbytes: int) -> int:
-        p = self.rt.alloc_raw(nbytes)
-        self.callback(self.rt.free_raw, p)
-        return p
-
-    def kernel(self, node, **kw) -> AttentionKernel:
-        k = AttentionKernel(self.rt, node, **kw)
-        self.callback(k.close)
-        return k
 
 
 class Call:
@@ -90,12 +42,6 @@ class Call:
     def upload(self, host) -> None:
         for a, h in zip(self.devs, [h for h in host if h is not None]):
             a.copy_from(h)
-
-
-def check(node, host, got, dtype):
-    want = reference.attention(node, host, out_dtype=np.float64)
-    err = rel_fro(got, want)
-    assert err <= TOL[dtype], f"relative Frobenius error {err:.3g} > {TOL[dtype]}"
 
 
 # (dtype, B, H, Hkv, Sq, Sk, D, forced splits, attrs, mask planes)
@@ -157,7 +103,7 @@ def test_vs_reference(rt, ledger, rng, case):
 def test_fully_masked_row_and_no_keys(rt, ledger, rng):
     with Buffers(rt) as bufs:
         node = make_node(4, 2, _mask=True)
-        host = host_inputs(rng, BF16, 1, 4, 2, 2, 700, 128, planes=4, masked_row=True)
+        host = host_inputs(rng, BF16, 1, 4, 2, 2, 700, 128, planes=4, masked_row=True, masked_at="last")
         kernel = bufs.kernel(node, path="decode", num_splits=3)
         got = Call(rt, bufs, kernel, host).run()
         check(node, host, got, BF16)

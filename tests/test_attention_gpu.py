@@ -2,61 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
 import nxrt
-from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
 from nxrt.errors import CaptureError, KernelError, WorkspaceError
 from nxrt.executor import Executor
-from nxrt_kernels import reference
 from nxrt_kernels.attention import AttentionFactory, AttentionKernel
-from tests._util import TOL, rel_fro
+from tests._attention_util import Buffers, check, host_inputs, make_node
 
 pytestmark = pytest.mark.gpu
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
-
-
-def make_node(H, Hkv, _mask=False, **attrs) -> Node:
-    return Node("Attention", "pkg.nxrt", {"num_heads": H, "kv_num_heads": Hkv, **attrs},
-                ["q", "k", "v", "mask"] if _mask else ["q", "k", "v"], ["o"])
-
-
-def host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes=0, masked_row=False):
-    npdt = dtype.numpy
-    q = rng.standard_normal((B, H, Sq, D), dtype=np.float32).astype(npdt)
-    k = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(npdt)
-    v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32).astype(npdt)
-    mask = None
-    if planes:
-        m = rng.standard_normal((planes, Sq, Sk), dtype=np.float32)
-        m[rng.random((planes, Sq, Sk)) < 0.2] = -np.inf  # some keys masked outright
-        if masked_row and Sq > 1:
-            m[:, Sq // 2, :] = -np.inf  # one row sees nothing: zeros
-        mask = m.astype(npdt)
-    return [q, k, v, mask]
-
-
-class Buffers(contextlib.ExitStack):
-    """Device copies of host arrays, freed on exit (the ledger must return to zero)."""
-
-    def __init__(self, rt):
-        super().__init__()
-        self.rt = rt
-
-    def array(self, host=None, shape=None, dtype=None) -> nxrt.DeviceArray:
-        a = (nxrt.DeviceArray.from_numpy(self.rt, host) if host is not None
-             else nxrt.DeviceArray(self.rt, shape, dtype))
-        self.callback(a.free)
-        return a
-
-    def raw(self, nbytes: int) -> int:
-        p = self.rt.alloc_raw(nbytes)
-        self.callback(self.rt.free_raw, p)
-        return p
 
 
 def run(rt, kernel, host, bufs: Buffers, workspace=True):
@@ -73,13 +31,6 @@ def run(rt, kernel, host, bufs: Buffers, workspace=True):
     kernel.execute(views, [out.mut()], ws)
     rt.synchronize()
     return out.numpy()
-
-
-def check(node, host, got, dtype):
-    want = reference.attention(node, host, out_dtype=np.float64)
-    err = rel_fro(got, want)
-    assert err <= TOL[dtype], f"relative Frobenius error {err:.3g} > {TOL[dtype]}"
-    return want
 
 
 # (dtype, B, H, Hkv, Sq, Sk, D, attrs, mask planes)
