@@ -255,22 +255,8 @@ attn_fused_tc(NXRT_ATTN_FUSED_PARAMS(T)) {
                     alpha[x] = online_rescale(m_run[x], tmax[x], m_use[x]);
                     l_run[x] *= alpha[x];
                 }
-#pragma unroll
-                for (int n = 0; n < NS; ++n) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const float p = exp2f(s[n][e] - m_use[e >> 1]);
-                        s[n][e] = p;
-                        l_run[e >> 1] += p;
-                    }
-                }
-#pragma unroll
-                for (int n = 0; n < NO; ++n) {
-                    o[n][0] *= alpha[0];
-                    o[n][1] *= alpha[0];
-                    o[n][2] *= alpha[1];
-                    o[n][3] *= alpha[1];
-                }
+                exp_rows(s, m_use, l_run);
+                scale_rows(o, alpha);
             }
 
             // V[t] landed: the pending groups are V[t] and K[t+1]; wait for the older one.
@@ -558,22 +544,8 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
                 alpha[x] = online_rescale(m_run[x], tmax[x], m_use[x]);
                 l_run[x] *= alpha[x];
             }
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float p = exp2f(s[n][e] - m_use[e >> 1]);
-                    s[n][e] = p;
-                    l_run[e >> 1] += p;
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < NO; ++n) {
-                o[n][0] *= alpha[0];
-                o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1];
-                o[n][3] *= alpha[1];
-            }
+            exp_rows(s, m_use, l_run);
+            scale_rows(o, alpha);
 
             // O += P V: P (16 rows x 16 keys) from the S accumulators as the A operand.
             unsigned pa[4];

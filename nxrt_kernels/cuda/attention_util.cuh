@@ -150,4 +150,31 @@ __device__ __forceinline__ float online_rescale(float& m, float tile_max, float&
     return alpha;
 }
 
+// Scores -> probabilities in place for the two rows an mma.sync thread holds (e >> 1 picks
+// the row): p = exp2(s - m_use), accumulated into the running row sums.
+template <int N>
+__device__ __forceinline__ void exp_rows(float (&s)[N][4], const float (&m_use)[2], float (&l)[2]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float p = exp2f(s[n][e] - m_use[e >> 1]);
+            s[n][e] = p;
+            l[e >> 1] += p;
+        }
+    }
+}
+
+// The output accumulators of those two rows times this tile's rescale factors.
+template <int N>
+__device__ __forceinline__ void scale_rows(float (&o)[N][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+    }
+}
+
 }  // namespace nxrt_attn
