@@ -11,10 +11,10 @@ halved for causal), bf16 (``--dtypes bf16,f16`` adds the f16 rows).
 
 Each of our impls runs in its own worker process (a schedule that faults or hangs costs only
 its own cells; a hang ends that impl's column). A ``wg-sN`` worker points attention.py's
-``_wg_variant`` / ``wg_smem_bytes`` / ``WG_BUILD`` / ``WG_DIMS`` at schedule N for its own
-process only (what adopting it in attention.py would do). A worker first checks its path on
-small odd shapes (:data:`CHECKS`: f16 and bf16, MHA/GQA/MQA, causal with Sq < Sk and Sq > Sk,
-windows, softcap, masks, forced splits, D 64/128) against the float64 reference (relative
+``_wg_variant`` / ``wg_smem_bytes`` / ``WG_BUILD`` / ``WG_DIMS`` / ``WG_THREADS`` at schedule N
+for its own process only (what adopting it in attention.py would do). A worker first checks its
+path on small odd shapes (:data:`CHECKS`: f16 and bf16, MHA/GQA/MQA, causal with Sq < Sk and
+Sq > Sk, windows, softcap, masks, forced splits, D 64/128) against the float64 reference (relative
 Frobenius <= 1e-2 bf16, 2e-3 f16), then times every sweep case as graph replays of
 ``execute`` (CUDA events, median of ``--reps``) and spot-checks a few output rows of each
 against float64. Every variant is compiled up front in parallel into the shared compile cache.
@@ -66,14 +66,23 @@ CHECKS: list[tuple[str, int, int, int, int, int, int, dict, int, int | None]] = 
 #: 13 ptxas, no spills: 0: 126/158 registers at D64/D128, 1: 126/168, 2 and 3: 198/205).
 #: attention.py's ``WG_BUILD`` picks one schedule per head dim (impl ``wg``); ``wg-sN`` forces N.
 #: 1: S(t+1) and P(t)V(t) in flight under softmax(t+1) (FA3 intra-warpgroup overlap);
-#: 2: 1 with 128-key tiles (S by m64n128k16); 3: 2 with three K/V stages.
+#: 2: 1 with 128-key tiles (S by m64n128k16); 3: 2 with three K/V stages;
+#: 4: FA3 warp specialisation, 384 threads: a cp.async producer warpgroup (setmaxnreg 40)
+#: feeding mbarrier rings, two consumer warpgroups (setmaxnreg 232) running schedule 2's loop
+#: and ping-ponging their GEMMs through named barriers; one CTA per SM (168 registers at
+#: launch; consumers use up to 163/189 at D64/D128, the producer 37/33); 5: 4 with three
+#: K/V stages. ``threads``: the CTA size attention.py must launch (its ``WG_THREADS``).
 WG_SCHEDULES: dict[int, dict[str, Any]] = {
-    0: {"keys": 64, "stages": 2, "min_blocks": {64: 2, 128: 1}},
-    1: {"keys": 64, "stages": 2, "min_blocks": {64: 2, 128: 1}},
-    2: {"keys": 128, "stages": 2, "min_blocks": {64: 1, 128: 1}},
-    3: {"keys": 128, "stages": 3, "min_blocks": {64: 1, 128: 1}},
+    0: {"keys": 64, "stages": 2, "min_blocks": {64: 2, 128: 1}, "threads": 256},
+    1: {"keys": 64, "stages": 2, "min_blocks": {64: 2, 128: 1}, "threads": 256},
+    2: {"keys": 128, "stages": 2, "min_blocks": {64: 1, 128: 1}, "threads": 256},
+    3: {"keys": 128, "stages": 3, "min_blocks": {64: 1, 128: 1}, "threads": 256},
+    4: {"keys": 128, "stages": 2, "min_blocks": {64: 1, 128: 1}, "threads": 384},
+    5: {"keys": 128, "stages": 3, "min_blocks": {64: 1, 128: 1}, "threads": 384},
 }
 WG_ROWS = 128
+#: Shared-memory bytes of the mbarriers of the warp-specialised schedules (BAR_BYTES).
+WG_WS_BAR_BYTES = 256
 PEERS = ("flash", "cudnn")
 
 
@@ -82,7 +91,8 @@ def wg_sched_smem_bytes(sched: int, D: int) -> int:
 
     Q [128 x D] and NST slots each of K and V [BN x D] (schedule 0: two K+V stages, the same
     bytes), all in 128-byte-swizzled 64-channel blocks, plus 1024 bytes of slack to align the
-    swizzle atoms: ``D/64 * (128*128 + 2*NST*BN*128) + 1024`` (SMEM_BYTES in the kernel).
+    swizzle atoms: ``D/64 * (128*128 + 2*NST*BN*128) + 1024`` (SMEM_BYTES in the kernel);
+    the warp-specialised schedules (384 threads) add 256 bytes of mbarriers.
 
     Raises
     ------
@@ -90,7 +100,8 @@ def wg_sched_smem_bytes(sched: int, D: int) -> int:
         ``sched`` is not in :data:`WG_SCHEDULES`.
     """
     bn, nst = WG_SCHEDULES[sched]["keys"], WG_SCHEDULES[sched]["stages"]
-    return (D // 64) * (WG_ROWS * 128 + 2 * nst * bn * 128) + 1024
+    bars = WG_WS_BAR_BYTES if WG_SCHEDULES[sched]["threads"] > 256 else 0
+    return (D // 64) * (WG_ROWS * 128 + 2 * nst * bn * 128) + bars + 1024
 
 
 def wg_sched_defines(sched: int, bf16: bool, D: int) -> dict[str, object]:
@@ -186,6 +197,7 @@ def _use_schedule(sched: int) -> None:
 
     A._wg_variant = variant
     A.wg_smem_bytes = lambda D: wg_sched_smem_bytes(sched, D)
+    A.WG_THREADS = WG_SCHEDULES[sched]["threads"]  # read by _launch_fused at each launch
     A.WG_BUILD = {D: (sched, WG_SCHEDULES[sched]["keys"], mb)
                   for D, mb in WG_SCHEDULES[sched]["min_blocks"].items()}
     A.WG_DIMS = dict(WG_SCHEDULES[sched]["min_blocks"])

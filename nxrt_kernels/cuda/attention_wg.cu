@@ -29,9 +29,15 @@
 //      and 1.5x less shared-memory read traffic per S FLOP than two n64 instructions).
 //   3  schedule 2 with three-slot K and V rings: copies are issued two tiles ahead and
 //      waited with cp.async.wait_group 1, so each has two iterations to land.
+//   4  FA3 warp specialisation, 384 threads (launch with blockDim 384; MIN_BLOCKS is
+//      ignored: one CTA per SM): a producer warpgroup fills mbarrier-guarded K/V rings with
+//      cp.async, two consumer warpgroups run schedule 2's loop and ping-pong their GEMMs
+//      against each other's softmax (named barriers 1 and 2). See the block at the end.
+//   5  schedule 4 with three-slot K and V rings.
 // Shared memory: HEAD_DIM/64 * (128*128 + 2*NST*BN*128) + 1024 bytes, BN = 128 for schedules
-// 2-3 and 64 otherwise, NST = 3 for schedule 3 and 2 otherwise (attention.py's wg_smem_bytes
-// mirrors schedule 0; tools/sweep_attention.py has wg_sched_smem_bytes for every schedule).
+// 2-5 and 64 otherwise, NST = 3 for schedules 3 and 5 and 2 otherwise, plus 256 bytes of
+// mbarriers for schedules 4-5 (attention.py's wg_smem_bytes mirrors schedules 0-3;
+// tools/sweep_attention.py has wg_sched_smem_bytes for every schedule).
 #include "attention_util.cuh"
 
 #ifndef NXRT_BF16
@@ -46,11 +52,11 @@
 #ifndef NXRT_WG_SCHED
 #define NXRT_WG_SCHED 0
 #endif
-#if NXRT_WG_SCHED < 0 || NXRT_WG_SCHED > 3
-#error "NXRT_WG_SCHED must be 0, 1, 2 or 3"
+#if NXRT_WG_SCHED < 0 || NXRT_WG_SCHED > 5
+#error "NXRT_WG_SCHED must be 0, 1, 2, 3, 4 or 5"
 #endif
 // K/V stages (ring slots). A macro, not a constexpr: schedule 0's module stays identical.
-#define NXRT_WG_NST (NXRT_WG_SCHED == 3 ? 3 : 2)
+#define NXRT_WG_NST ((NXRT_WG_SCHED == 3 || NXRT_WG_SCHED == 5) ? 3 : 2)
 
 #if NXRT_BF16
 typedef __nv_bfloat16 T;
@@ -68,7 +74,8 @@ namespace {
 constexpr int DP = HEAD_DIM;
 constexpr int BM = 128;          // packed query rows per CTA
 constexpr int BN = NXRT_WG_SCHED >= 2 ? 128 : 64;  // keys per tile
-constexpr int NT = 256;          // two warpgroups
+// Two warpgroups; schedules 4-5 add a producer warpgroup (see there).
+constexpr int NT = NXRT_WG_SCHED >= 4 ? 384 : 256;
 constexpr int HB = DP / 64;      // 64-channel blocks per row
 constexpr int CH = DP / 8;       // 16-byte chunks per row
 constexpr int QBLK = BM * 128;   // one 64-channel block of Q
@@ -77,7 +84,10 @@ constexpr int Q_BYTES = HB * QBLK;
 constexpr int T_BYTES = HB * TBLK;
 constexpr int OFF_KV = Q_BYTES;  // stage s: K at OFF_KV + 2 s T_BYTES, V right after it
 constexpr int SMEM_USED = Q_BYTES + 2 * NXRT_WG_NST * T_BYTES;
-constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
+// Schedules 4-5 keep their mbarriers in 256 bytes after the tiles.
+constexpr int BAR_BYTES = NXRT_WG_SCHED >= 4 ? 256 : 0;
+constexpr int SMEM_BYTES = SMEM_USED + BAR_BYTES + 1024;  // + slack to align the base to 1 KiB
+static_assert(SMEM_BYTES <= 232448, "more than the 227 KiB of opt-in shared memory per block");
 
 static_assert(DP == 64 || DP == 128, "HEAD_DIM must be 64 or 128");
 static_assert(QBLK % 1024 == 0 && TBLK % 1024 == 0 && OFF_KV % 1024 == 0,
@@ -85,6 +95,7 @@ static_assert(QBLK % 1024 == 0 && TBLK % 1024 == 0 && OFF_KV % 1024 == 0,
 
 #include "wgmma.cuh"
 
+#if NXRT_WG_SCHED <= 3  // (schedules 4-5 copy with produce_tile)
 // cp.async of the BN key rows from key j0 of `base` (row stride s_s) into a swizzled tile
 // (zero-fill past Sk, so P·V never multiplies a masked 0 by garbage).
 __device__ __forceinline__ void load_tile(unsigned char* dst, const T* __restrict__ base,
@@ -99,6 +110,7 @@ __device__ __forceinline__ void load_tile(unsigned char* dst, const T* __restric
         cp_async_16(dst + sw_off(rr, c, TBLK), src, ok ? 16 : 0);
     }
 }
+#endif
 
 }  // namespace
 
@@ -315,6 +327,7 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     }
 }
 #else  // NXRT_WG_SCHED >= 1: S(t+1) and P(t) V(t) in flight while softmax(t+1) runs
+// (the helpers below serve schedules 1-5; the kernel right after them, 1-3)
 
 namespace {
 
@@ -466,6 +479,7 @@ __device__ __forceinline__ void pack_p(unsigned (&pa)[BN / 16][4], const float (
 
 }  // namespace
 
+#if NXRT_WG_SCHED <= 3
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
@@ -674,4 +688,324 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
         }
     }
 }
+#else  // NXRT_WG_SCHED 4-5
+// ---- Schedules 4-5: FA3 warp specialisation. 384 threads = three warpgroups:
+//   WG0, the producer (setmaxnreg.dec to PREG registers): Q once, then K and V tiles into
+//       NST-slot rings with cp.async; each thread's copies of a tile arrive (on landing) on
+//       the tile's "full" mbarrier (cp.async.mbarrier.arrive.noinc, count 128). Before it
+//       refills a slot it waits on the slot's "empty" mbarrier.
+//   WG1, WG2, the consumers (setmaxnreg.inc to CREG registers), 64 query rows each (tile
+//       rows 64 (wg - 1) ..), schedule 2's loop per warpgroup: S(t+1) and P(t) V(t) issued
+//       back to back, softmax(t+1) under P(t) V(t). A warp releases a K slot (one arrival of
+//       8 on "empty") once its S retired, a V slot once its P V retired.
+//   Ping-pong (FA3 §3.1): named barrier 1 + c is "consumer c may issue": c syncs on it
+//   before issuing its GEMMs of a tile and arrives on the other's right after, so one
+//   warpgroup's softmax runs while the other's GEMMs occupy the tensor cores. WG1 arrives on
+//   its own barrier once at the start (it goes first). Both consumers run the same tiles,
+//   so the syncs and arrivals pair up; the one arrival left at the end is harmless.
+// No __syncthreads after the role split. Schedule 5 = 4 with three ring slots.
+
+namespace {
+
+constexpr int NTP = 128;  // producer threads (WG0)
+#ifndef NXRT_WG_PREG
+#define NXRT_WG_PREG 40
+#endif
+#ifndef NXRT_WG_CREG
+#define NXRT_WG_CREG 232
+#endif
+constexpr int PREG = NXRT_WG_PREG;  // producer registers per thread after setmaxnreg.dec
+constexpr int CREG = NXRT_WG_CREG;  // consumer registers per thread after setmaxnreg.inc
+static_assert(PREG % 8 == 0 && CREG % 8 == 0 && PREG >= 24 && CREG <= 256,
+              "setmaxnreg counts: multiples of 8 in [24, 256]");
+// The launch holds 168 registers x 384 threads (ptxas: 65536 / 384 rounded down to 8); the
+// producer's release must cover the consumers' increase, or setmaxnreg.inc never returns.
+static_assert(NTP * PREG + 2 * NTP * CREG <= 168 * NT, "register reallocation over budget");
+// mbarriers (8 bytes each) at OFF_BAR: Q full, then per ring slot K full, V full, K empty,
+// V empty.
+constexpr int OFF_BAR = SMEM_USED;
+constexpr int NBAR = 1 + 4 * NST;
+static_assert(NBAR * 8 <= BAR_BYTES, "mbarriers fit their area");
+static_assert(BN * CH % NTP == 0 && BM * CH % NTP == 0 && NTP % CH == 0,
+              "every producer thread copies the same chunk column of every 128/CH-th row");
+constexpr int EMPTY_ARRIVALS = 8;  // one per consumer warp
+
+__device__ __forceinline__ unsigned bar_q(unsigned bars) { return bars; }
+__device__ __forceinline__ unsigned bar_kfull(unsigned bars, int s) { return bars + 8 * (1 + s); }
+__device__ __forceinline__ unsigned bar_vfull(unsigned bars, int s) {
+    return bars + 8 * (1 + NST + s);
+}
+__device__ __forceinline__ unsigned bar_kempty(unsigned bars, int s) {
+    return bars + 8 * (1 + 2 * NST + s);
+}
+__device__ __forceinline__ unsigned bar_vempty(unsigned bars, int s) {
+    return bars + 8 * (1 + 3 * NST + s);
+}
+
+// Producer thread p's copies of the BN key rows from key j0 into a swizzled tile (zero-fill
+// past Sk). p copies chunk c = p % CH of rows p / CH + k NTP / CH; NTP / CH is a multiple of
+// 8, so the swizzled chunk position is the same in all of them.
+__device__ __forceinline__ void produce_tile(unsigned char* dst, const T* __restrict__ base,
+                                             long long s_s, int j0, int Sk, int p) {
+    constexpr int RSTEP = NTP / CH;
+    const int c = p % CH;
+    const int r0 = p / CH;
+#pragma unroll 4
+    for (int k = 0; k < BN / RSTEP; ++k) {
+        const int rr = r0 + k * RSTEP;
+        const int j = j0 + rr;
+        const bool ok = j < Sk;
+        const T* src = ok ? base + (long long)j * s_s + c * 8 : base;
+        cp_async_16(dst + sw_off(rr, c, TBLK), src, ok ? 16 : 0);
+    }
+}
+
+// One arrival per warp on an "empty" mbarrier once the warp's wgmma reads of the slot are
+// done (the caller has waited on the wgmma group; wait_group is warp-synchronous).
+__device__ __forceinline__ void release_slot(unsigned bar, int lane) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
+    // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // A launch with less dynamic shared memory than this layout would write past the end;
+    // one with other than 384 threads would leave the barriers waiting for warps that do not
+    // exist (a hang): both return at once (the output stays unwritten).
+    if (dynamic_smem_bytes() < (unsigned)SMEM_BYTES || blockDim.x != (unsigned)NT ||
+        blockDim.y != 1u || blockDim.z != 1u)
+        return;
+    // Swizzle atoms start on 1024-byte boundaries (descriptor base_offset 0).
+    unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const unsigned sbase = smem_u32(smem);
+    const unsigned bars = sbase + OFF_BAR;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wq = warp & 3;  // warpgroup (0 producer), warp within it
+    const int g = lane >> 2, tq = lane & 3;
+
+    const Work w = decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
+    const int n_tiles = w.t_end - w.t_beg;
+
+    if (tid == 0) {
+        mbar_init(bar_q(bars), NTP);
+#pragma unroll
+        for (int s = 0; s < NST; ++s) {
+            mbar_init(bar_kfull(bars, s), NTP);
+            mbar_init(bar_vfull(bars, s), NTP);
+            mbar_init(bar_kempty(bars, s), EMPTY_ARRIVALS);
+            mbar_init(bar_vempty(bars, s), EMPTY_ARRIVALS);
+        }
+    }
+    __syncthreads();  // the barriers are initialised before anyone uses them (last CTA-wide sync)
+
+    if (wg == 0) {
+        // ======== Producer. Ring slots by tile index relative to t_beg: tile it (key tile
+        // t_beg + it) in slot it % NST, its u-th use (u = it / NST); the consumers' release
+        // of use u - 1 completes phase u - 1 of the slot's "empty" barrier.
+        setmaxnreg_dec<PREG>();
+        if (n_tiles > 0) {
+            const int p = tid;
+            const T* kbase = k + w.b * k_sb + w.kvh * k_sh;
+            const T* vbase = v + w.b * v_sb + w.kvh * v_sh;
+            // Q (zero for packed rows past R), on its own barrier.
+            {
+                constexpr int RSTEP = NTP / CH;
+                const int c = p % CH;
+#pragma unroll 4
+                for (int kq = 0; kq < BM / RSTEP; ++kq) {
+                    const int rr = p / CH + kq * RSTEP;
+                    const int r = w.r0 + rr;
+                    const bool ok = r < w.R;
+                    const T* src = q;
+                    if (ok) {
+                        const int i = r / w.G;
+                        const int h = w.kvh * w.G + (r - i * w.G);
+                        src = q + w.b * q_sb + h * q_sh + i * q_ss + c * 8;
+                    }
+                    cp_async_16(smem + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
+                }
+                cp_async_mbar_arrive(bar_q(bars));
+            }
+            // K(0); then per it: K(it + 1), V(it) (the order the consumers need them).
+            produce_tile(smem + OFF_K, kbase, k_ss, w.t_beg * BN, Sk, p);
+            cp_async_mbar_arrive(bar_kfull(bars, 0));
+            for (int it = 0; it < n_tiles; ++it) {
+                if (it + 1 < n_tiles) {
+                    const int j = it + 1, slot = j % NST, u = j / NST;
+                    if (u > 0) mbar_wait(bar_kempty(bars, slot), (u - 1) & 1);
+                    produce_tile(smem + OFF_K + slot * T_BYTES, kbase, k_ss, (w.t_beg + j) * BN,
+                                 Sk, p);
+                    cp_async_mbar_arrive(bar_kfull(bars, slot));
+                }
+                const int slot = it % NST, u = it / NST;
+                if (u > 0) mbar_wait(bar_vempty(bars, slot), (u - 1) & 1);
+                produce_tile(smem + OFF_V + slot * T_BYTES, vbase, v_ss, (w.t_beg + it) * BN, Sk,
+                             p);
+                cp_async_mbar_arrive(bar_vfull(bars, slot));
+            }
+            // Stay until every copy has landed (and so has arrived on its barrier).
+            cp_async_commit();
+            cp_async_wait<0>();
+        }
+        return;
+    }
+
+    // ======== Consumers: warpgroup cw = wg - 1 owns tile rows 64 cw .. 64 cw + 63.
+    setmaxnreg_inc<CREG>();
+    const int cw = wg - 1;
+    const bool general = softcap > 0.f || mask_planes > 0;
+    const float scale_log2 = scale * kLog2e;
+    const float inv_softcap = softcap > 0.f ? 1.f / softcap : 0.f;
+
+    // This thread's two rows in the wgmma accumulator layout: warp wq of consumer cw owns
+    // tile rows 64 cw + 16 wq .. +15; x = 0: row g, x = 1: row g + 8.
+    Row rows[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+        rows[x] = make_row(w, w.r0 + 64 * cw + 16 * wq + g + 8 * x, B, H, Sq, Sk, q_sb, q_sh,
+                           q_ss, o_sb, o_sh, o_ss, mask_planes);
+
+    // O[:, 64 qb + 8 j + 2 tq + (e & 1)] of row x = e >> 1 is o[qb][4 j + e].
+    float o[HB][32];
+#pragma unroll
+    for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
+    float s[NS];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) s[i] = 0.f;
+    unsigned pa[BN / 16][4];
+    float m_run[2] = {neg_inf(), neg_inf()};
+    float l_run[2] = {0.f, 0.f};
+    float alpha[2] = {1.f, 1.f};  // pending rescale of O, applied before the next O += P V
+
+    const unsigned qa = sbase + 64 * cw * 128;  // this WG's 64 rows of Q (8 KB, 1024-aligned)
+    const int bar_mine = 1 + cw, bar_other = 2 - cw;  // named barriers 1, 2 (0: __syncthreads)
+    if (n_tiles > 0) {
+        if (cw == 0) named_bar_arrive(1, 2 * NTP);  // consumer 0 issues first
+        mbar_wait(bar_q(bars), 0);
+        mbar_wait(bar_kfull(bars, 0), 0);
+        fence_proxy_async();  // the landed cp.async bytes, visible to wgmma (async proxy)
+        named_bar_sync(bar_mine, 2 * NTP);
+        wg_fence();
+        issue_s(s, qa, sbase + OFF_K);
+        wg_commit();
+        named_bar_arrive(bar_other, 2 * NTP);
+        wg_wait0();
+        fence_regs(s);
+        release_slot(bar_kempty(bars, 0), lane);
+        softmax_tile(s, w, rows, w.t_beg * BN, tq, Sq, Sk, causal, window, general, softcap,
+                     inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
+        pack_p(pa, s);
+    }
+
+    // Iteration it (tile t = t_beg + it, it + 1 < n_tiles): on entry pa = P(t) and O lacks
+    // the factor alpha of softmax(t); K(t+1) is in slot (it + 1) % NST, V(t) in it % NST.
+    for (int it = 0; it + 1 < n_tiles; ++it) {
+        const int t = w.t_beg + it;
+        const int slot = it % NST, slot1 = (it + 1) % NST;
+        mbar_wait(bar_kfull(bars, slot1), ((it + 1) / NST) & 1);
+        mbar_wait(bar_vfull(bars, slot), (it / NST) & 1);
+        fence_proxy_async();
+        named_bar_sync(bar_mine, 2 * NTP);  // this consumer's turn on the tensor cores
+        // S(t+1) = Q K(t+1)ᵀ, then O = alpha O + P(t) V(t), two groups in this order.
+        wg_fence();
+        issue_s(s, qa, sbase + OFF_K + slot1 * T_BYTES);
+        wg_commit();
+        rescale_o(o, alpha);  // O is no wgmma's accumulator now: P(t-1) V(t-1) was retired
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        wg_fence();
+        issue_pv(o, pa, sbase + OFF_V + slot * T_BYTES);
+        wg_commit();
+        named_bar_arrive(bar_other, 2 * NTP);  // the other consumer's turn
+
+        // S(t+1) retired (groups retire in order); P(t) V(t) may still run: softmax(t+1)
+        // touches only s, m_run, l_run and alpha (not o, not pa) until wait_group 0.
+        wg_wait1();
+        fence_regs(s);
+        release_slot(bar_kempty(bars, slot1), lane);
+        softmax_tile(s, w, rows, (t + 1) * BN, tq, Sq, Sk, causal, window, general, softcap,
+                     inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
+        wg_wait0();
+        // Pins both: O's next use and the overwrite of pa (P(t) was wgmma input) stay after
+        // the wait.
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        fence_regs(s);
+        release_slot(bar_vempty(bars, slot), lane);
+        pack_p(pa, s);
+    }
+
+    if (n_tiles > 0) {
+        // Last tile: O = alpha O + P V with V(t_end - 1) (outside the ping-pong: both
+        // consumers have issued all their S GEMMs by now).
+        const int it = n_tiles - 1;
+        mbar_wait(bar_vfull(bars, it % NST), (it / NST) & 1);
+        fence_proxy_async();
+        rescale_o(o, alpha);
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        wg_fence();
+        issue_pv(o, pa, sbase + OFF_V + (it % NST) * T_BYTES);
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+    }
+
+    // ---- Epilogue (per thread, no shared memory: nothing to synchronise), as schedules
+    // 1-3 (rows rebuilt from laundered indices: no registers held across the main loop).
+    {
+        Work we = w;
+        int rbase = w.r0 + 64 * cw + 16 * wq + g;
+        asm volatile("" : "+r"(we.b), "+r"(we.kvh), "+r"(rbase));
+#pragma unroll
+        for (int x = 0; x < 2; ++x)
+            rows[x] = make_row(we, rbase + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh,
+                               o_ss, mask_planes);
+    }
+    float l_row[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) l_row[x] = quad_sum(l_run[x]);
+    if (splits == 1) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            // A row that saw no visible key has l = 0 and o = 0: it gives zeros.
+            const float inv = l_row[x] > 0.f ? 1.f / l_row[x] : 0.f;
+            T* orow = out + rows[x].o_off + 2 * tq;
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    store2(orow + 64 * qb + 8 * j, o[qb][4 * j + 2 * x] * inv,
+                           o[qb][4 * j + 2 * x + 1] * inv);
+        }
+    } else {
+        const long long n_rows = (long long)B * H * Sq;
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            const long long pr = (long long)w.split * n_rows + rows[x].orow;
+            float* po = ws_o + pr * D + 2 * tq;
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    store2(po + 64 * qb + 8 * j, o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
+            if (tq == 0) {
+                ws_ml[2 * pr] = m_run[x];
+                ws_ml[2 * pr + 1] = l_row[x];
+            }
+        }
+    }
+}
+#endif  // NXRT_WG_SCHED <= 3
 #endif  // NXRT_WG_SCHED
