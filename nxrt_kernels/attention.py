@@ -123,13 +123,16 @@ PATHS = ("auto", "fused", "simt", "unfused", "wg", "decode")
 #: 1.36-1.47x the mma.sync kernel, 0.83-1.0x torch's flash backend).
 WG_DEFAULT = True
 #: wgmma build per head dim: (schedule NXRT_WG_SCHED, keys per tile, min resident CTAs per SM).
-#: Schedules (cuda/attention_wg.cu): 0 = S, softmax, PV in turn, 64-key tiles; 1 = FA3-style
-#: overlap inside each warpgroup (S(t+1) issued before softmax(t), PV(t) behind it); 2 = 1
-#: with 128-key tiles; 3 = 2 with a 3-stage ring. H200 sweep (bf16, 2026-11-30): D128 takes
-#: 2 (292 -> 313 TFLOP/s at S8192), D64 keeps 0 (1 and 2 were 1-10 % slower there).
-WG_BUILD: dict[int, tuple[int, int, int]] = {64: (0, 64, 2), 128: (2, 128, 1)}
+#: Schedules (cuda/attention_wg.cu): 0 = S, softmax, PV in turn, 64-key tiles, 256 threads;
+#: 1 = FA3-style overlap inside each warpgroup; 2 = 1 with 128-key tiles; 3 = 2 with a 3-stage
+#: ring; 4 = warp-specialized: a producer warpgroup fills an mbarrier ring (setmaxnreg
+#: 40/232), two consumer warpgroups run schedule 2's loop and ping-pong on named barriers
+#: (384 threads, one CTA per SM); 5 = 4 with a 3-stage ring. H200 sweep (bf16, 2026-11-30):
+#: schedule 4 at 1.03-1.27x torch's flash backend on the S >= 4096 rows (405 TFLOP/s at
+#: D128 S8192 against 312 for schedule 2).
+WG_BUILD: dict[int, tuple[int, int, int]] = {64: (4, 128, 1), 128: (4, 128, 1)}
 WG_DIMS: dict[int, int] = {D: b[2] for D, b in WG_BUILD.items()}
-WG_ROWS, WG_THREADS = 128, 256
+WG_ROWS = 128
 #: ``auto`` uses ``wg`` from this many packed query rows (G·Sq) on: a prefill shape.
 WG_MIN_ROWS = 128
 
@@ -318,13 +321,20 @@ def wg_keys(D: int) -> int:
     return WG_BUILD[D][1]
 
 
+def wg_threads(D: int) -> int:
+    """Threads per CTA of the wgmma build at head dim D (384 for the warp-specialized ones)."""
+    return 384 if WG_BUILD[D][0] >= 4 else 256
+
+
 def wg_smem_bytes(D: int) -> int:
     """Dynamic shared memory of the wgmma kernel at head dim D (as SMEM_BYTES in
-    attention_wg.cu): Q [128 x D] and 2 (3 for schedule 3) stages of K and V [keys x D],
-    plus 1024 bytes of slack to align the swizzle atoms."""
+    attention_wg.cu): Q [128 x D] and 2 (3 for schedules 3 and 5) stages of K and V
+    [keys x D], the mbarriers of schedules 4 and 5, plus 1024 bytes of slack to align the
+    swizzle atoms."""
     sched, keys, _ = WG_BUILD[D]
-    stages = 3 if sched == 3 else 2
-    return (D // 64) * (WG_ROWS * 128 + 2 * stages * keys * 128) + 1024
+    stages = 3 if sched in (3, 5) else 2
+    barriers = 256 if sched >= 4 else 0  # the producer/consumer mbarriers
+    return (D // 64) * (WG_ROWS * 128 + 2 * stages * keys * 128) + barriers + 1024
 
 
 def wg_reason(dims: Dims, dtype: DataType, tc_ok: bool, cc: tuple[int, int] | None) -> str | None:
@@ -414,10 +424,11 @@ def unfused_layout(B: int, H: int, Sq: int, Sk: int) -> tuple[int, int]:
 CTAS_PER_SM = 2
 
 
-def choose_splits(dims: Dims, rows_per_cta: int, keys_per_tile: int, sm_count: int) -> int:
+def choose_splits(dims: Dims, rows_per_cta: int, keys_per_tile: int, sm_count: int,
+                  ctas_per_sm: int = CTAS_PER_SM) -> int:
     """Key splits per row tile for a grid smaller than the GPU.
 
-    As many splits as fit one full wave (``CTAS_PER_SM * sm_count`` resident CTAs) without
+    As many splits as fit one full wave (``ctas_per_sm * sm_count`` resident CTAs) without
     starting a second, partial one, and at least two key tiles per split (a split also
     costs its partial write and the combine's read).
     """
@@ -426,7 +437,7 @@ def choose_splits(dims: Dims, rows_per_cta: int, keys_per_tile: int, sm_count: i
     n_tiles = -(-dims.Sk // keys_per_tile)
     if ctas == 0 or ctas >= sm_count or n_tiles < 4:
         return 1
-    return max(1, min(CTAS_PER_SM * sm_count // ctas, n_tiles // 2, MAX_SPLITS))
+    return max(1, min(ctas_per_sm * sm_count // ctas, n_tiles // 2, MAX_SPLITS))
 
 
 def _check_fused_grid(dims: Dims) -> None:
@@ -501,7 +512,7 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
                   and dims.group * dims.Sq >= WG_MIN_ROWS)
     if use_wg:
         splits = (max(1, int(num_splits)) if num_splits is not None
-                  else choose_splits(dims, WG_ROWS, wg_keys(D), sm_count))
+                  else choose_splits(dims, WG_ROWS, wg_keys(D), sm_count, WG_BUILD[D][2]))
         _, ml, total = split_layout(dims.B * dims.H * dims.Sq, D, splits)
         return Plan("wg", D, splits, total, ml)
     use_dec = False
@@ -879,7 +890,7 @@ class AttentionKernel:
         i32, i64, f32 = np.int32, np.int64, np.float32
         if p.path == "wg":
             variant, entry = _wg_variant(dtype, p.dp), "attn_fused_wg"
-            bm, threads, smem = WG_ROWS, WG_THREADS, wg_smem_bytes(p.dp)
+            bm, threads, smem = WG_ROWS, wg_threads(p.dp), wg_smem_bytes(p.dp)
         elif p.path == "tc":
             nwarps, _ = TC_TILES[p.dp]
             variant, entry = _tc_variant(dtype, p.dp), "attn_fused_tc"

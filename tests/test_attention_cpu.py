@@ -609,7 +609,7 @@ def test_launches_match_kernel_signatures(case, compiled):
     elif fused[0] == "attn_fused_simt":
         assert fused[3] == attention.simt_smem_bytes(D)
     elif fused[0] == "attn_fused_wg":
-        assert fused[3] == attention.wg_smem_bytes(D) and fused[2] == (256, 1, 1)
+        assert fused[3] == attention.wg_smem_bytes(D) and fused[2] == (attention.wg_threads(D), 1, 1)
         assert fused[1][0] == B * Hkv * -(-(H // Hkv) * Sq // 128)
 
 
