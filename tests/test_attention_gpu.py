@@ -108,8 +108,8 @@ def test_split_kv(rt, ledger, rng, dtype, path, splits, Sq, D):
     H, Hkv, Sk = 8, 2, 1000
     node = make_node(H, Hkv, causal=1)
     host = host_inputs(rng, dtype, 1, H, Hkv, Sq, Sk, D)
-    kernel = AttentionKernel(rt, node, path=path, num_splits=splits)
     with Buffers(rt) as bufs:
+        kernel = bufs.kernel(node, path=path, num_splits=splits)  # closed (counter pool) on exit
         got = run(rt, kernel, host, bufs)
         assert kernel.last_plan.splits > 1
         check(node, host, got, dtype)
@@ -147,8 +147,8 @@ def test_strided_views(rt, ledger, rng, path):
     B, H, Hkv, Sq, Sk, D = 2, 4, 2, 17, 130, 64
     node = make_node(H, Hkv, causal=1)
     host = host_inputs(rng, BF16, B, H, Hkv, Sq, Sk, D)
-    kernel = AttentionKernel(rt, node, path=path)
     with Buffers(rt) as bufs:
+        kernel = bufs.kernel(node, path=path)
         qb = bufs.array(np.ascontiguousarray(host[0].transpose(0, 2, 1, 3)))  # [B, Sq, H, D]
         q = TensorView(qb.ptr, BF16, (B, H, Sq, D), (Sq * H * D, D, H * D, 1))
         kv = bufs.array(np.stack([host[1], host[2]], axis=2))  # [B, Hkv, 2, Sk, D]

@@ -39,7 +39,9 @@ inline float2 make_float2(float a, float b) { return float2{a, b}; }
 struct alignas(16) float4 { float x, y, z, w; };
 inline float4 make_float4(float a, float b, float c, float d) { return float4{a, b, c, d}; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
-inline float __fmul_rn(float a, float b) { return a * b; }  // one rounded product, as on the device
+inline float __fmul_rn(float a, float b) { return a * b; }  // one rounding each, as on the device
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return uint4{a, b, c, d}; }
 
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }

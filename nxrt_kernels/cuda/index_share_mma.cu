@@ -352,8 +352,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
       for (int nt = 0; nt < IS_NT; ++nt) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          // Rounded on its own (no contraction into the exp2 argument below), exactly as
-          // the checked path's select does: the same bits as IS_PIPE 1.
+          // Every step of the online softmax is an explicitly rounded intrinsic (here and in
+          // the checked path): no FMA contraction that depends on the code's shape, so every
+          // pipeline and layout gives the same bits for the same split.
           const float s = __fmul_rn(sacc[nt][i], scale_log2);
           sacc[nt][i] = s;
           tmax[i >> 1] = fmaxf(tmax[i >> 1], s);
@@ -370,7 +371,7 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
         const int key = col < live ? s_key[col] : -1;
         float s = is_neg_inf();
         if (key >= 0) {
-          s = sacc[nt][i] * scale_log2;
+          s = __fmul_rn(sacc[nt][i], scale_log2);
           if (has_bias && row < t.nh)
             s += is_to_f32(bias[t.b * bsb + (long long)(t.h0 + row) * bsh + (long long)t.qi * bsq +
                                 (long long)key * bsk]) * IS_LOG2E;
@@ -391,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
       muse[hr] = mn == is_neg_inf() ? 0.f : mn;  // keeps exp2(-inf - m) at 0, never NaN
       const float corr = exp2f(mrow[hr] - muse[hr]);
       mrow[hr] = mn;
-      lrow[hr] *= corr;
+      lrow[hr] = __fmul_rn(lrow[hr], corr);  // never fused with the adds below
 #if IS_PIPE >= 2
       // x * 1.0f == x bit for bit: skip the rescale when no row of the warp moved its max.
       if (__any_sync(IS_FULL, corr != 1.f)) {
@@ -409,9 +410,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
     for (int nt = 0; nt < IS_NT; ++nt) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float p = exp2f(sacc[nt][i] - muse[i >> 1]);
+        const float p = exp2f(__fsub_rn(sacc[nt][i], muse[i >> 1]));
         sacc[nt][i] = p;
-        lrow[i >> 1] += p;
+        lrow[i >> 1] = __fadd_rn(lrow[i >> 1], p);
       }
     }
 
