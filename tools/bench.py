@@ -120,11 +120,15 @@ def row(bench: str, case: str, metric: str, ours: float, peer: str, peer_value: 
 
 
 def _git_commit() -> str:
+    # NXRT_COMMIT wins: a copy of the tree (the GPU machine's) may sit inside an unrelated
+    # or stale git checkout.
+    if os.environ.get("NXRT_COMMIT"):
+        return os.environ["NXRT_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
                                        stderr=subprocess.DEVNULL).strip()
     except Exception:
-        return os.environ.get("NXRT_COMMIT", "unknown")
+        return "unknown"
 
 
 def markdown(result: dict) -> str:
