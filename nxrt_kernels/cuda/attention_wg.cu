@@ -114,6 +114,49 @@ __device__ __forceinline__ void load_tile(unsigned char* dst, const T* __restric
 
 }  // namespace
 
+// Epilogue of every schedule (per thread, no shared memory): with one split the normalised
+// output rows (a row that saw no visible key has l = 0 and o = 0: zeros), else this split's
+// unnormalised partial O and its (m, l) for attn_combine.
+__device__ __forceinline__ void store_rows(float (&o)[HB][32], const float (&l_run)[2],
+                                           const float (&m_run)[2], const Row (&rows)[2],
+                                           int split, int splits, T* __restrict__ out,
+                                           float* __restrict__ ws_o, float* __restrict__ ws_ml,
+                                           long long n_rows, int D, int tq) {
+    float l_row[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) l_row[x] = quad_sum(l_run[x]);
+    if (splits == 1) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            const float inv = l_row[x] > 0.f ? 1.f / l_row[x] : 0.f;
+            T* orow = out + rows[x].o_off + 2 * tq;
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    store2(orow + 64 * qb + 8 * j, o[qb][4 * j + 2 * x] * inv,
+                           o[qb][4 * j + 2 * x + 1] * inv);
+        }
+    } else {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            const long long pr = (long long)split * n_rows + rows[x].orow;
+            float* po = ws_o + pr * D + 2 * tq;
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    store2(po + 64 * qb + 8 * j, o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
+            if (tq == 0) {
+                ws_ml[2 * pr] = m_run[x];
+                ws_ml[2 * pr + 1] = l_row[x];
+            }
+        }
+    }
+}
+
 #if NXRT_WG_SCHED == 0
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
@@ -290,41 +333,8 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     cp_async_wait<0>();
 
     // ---- Epilogue (per thread, no shared memory: nothing to synchronise).
-    float l_row[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) l_row[x] = quad_sum(l_run[x]);
-    if (splits == 1) {
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            if (!rows[x].valid) continue;
-            // A row that saw no visible key has l = 0 and o = 0: it gives zeros.
-            const float inv = l_row[x] > 0.f ? 1.f / l_row[x] : 0.f;
-            T* orow = out + rows[x].o_off + 2 * tq;
-#pragma unroll
-            for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    store2(orow + 64 * qb + 8 * j, o[qb][4 * j + 2 * x] * inv,
-                           o[qb][4 * j + 2 * x + 1] * inv);
-        }
-    } else {
-        const long long n_rows = (long long)B * H * Sq;
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            if (!rows[x].valid) continue;
-            const long long pr = (long long)w.split * n_rows + rows[x].orow;
-            float* po = ws_o + pr * D + 2 * tq;
-#pragma unroll
-            for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    store2(po + 64 * qb + 8 * j, o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
-            if (tq == 0) {
-                ws_ml[2 * pr] = m_run[x];
-                ws_ml[2 * pr + 1] = l_row[x];
-            }
-        }
-    }
+    store_rows(o, l_run, m_run, rows, w.split, splits, out, ws_o, ws_ml, (long long)B * H * Sq, D,
+               tq);
 }
 #else  // NXRT_WG_SCHED >= 1: S(t+1) and P(t) V(t) in flight while softmax(t+1) runs
 // (the helpers below serve schedules 1-5; the kernel right after them, 1-3)
@@ -652,41 +662,8 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
             rows[x] = make_row(we, rbase + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh,
                                o_ss, mask_planes);
     }
-    float l_row[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) l_row[x] = quad_sum(l_run[x]);
-    if (splits == 1) {
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            if (!rows[x].valid) continue;
-            // A row that saw no visible key has l = 0 and o = 0: it gives zeros.
-            const float inv = l_row[x] > 0.f ? 1.f / l_row[x] : 0.f;
-            T* orow = out + rows[x].o_off + 2 * tq;
-#pragma unroll
-            for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    store2(orow + 64 * qb + 8 * j, o[qb][4 * j + 2 * x] * inv,
-                           o[qb][4 * j + 2 * x + 1] * inv);
-        }
-    } else {
-        const long long n_rows = (long long)B * H * Sq;
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            if (!rows[x].valid) continue;
-            const long long pr = (long long)w.split * n_rows + rows[x].orow;
-            float* po = ws_o + pr * D + 2 * tq;
-#pragma unroll
-            for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    store2(po + 64 * qb + 8 * j, o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
-            if (tq == 0) {
-                ws_ml[2 * pr] = m_run[x];
-                ws_ml[2 * pr + 1] = l_row[x];
-            }
-        }
-    }
+    store_rows(o, l_run, m_run, rows, w.split, splits, out, ws_o, ws_ml, (long long)B * H * Sq, D,
+               tq);
 }
 #else  // NXRT_WG_SCHED 4-5
 // ---- Schedules 4-5: FA3 warp specialisation. 384 threads = three warpgroups:
@@ -971,41 +948,8 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
             rows[x] = make_row(we, rbase + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh,
                                o_ss, mask_planes);
     }
-    float l_row[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) l_row[x] = quad_sum(l_run[x]);
-    if (splits == 1) {
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            if (!rows[x].valid) continue;
-            // A row that saw no visible key has l = 0 and o = 0: it gives zeros.
-            const float inv = l_row[x] > 0.f ? 1.f / l_row[x] : 0.f;
-            T* orow = out + rows[x].o_off + 2 * tq;
-#pragma unroll
-            for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    store2(orow + 64 * qb + 8 * j, o[qb][4 * j + 2 * x] * inv,
-                           o[qb][4 * j + 2 * x + 1] * inv);
-        }
-    } else {
-        const long long n_rows = (long long)B * H * Sq;
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            if (!rows[x].valid) continue;
-            const long long pr = (long long)w.split * n_rows + rows[x].orow;
-            float* po = ws_o + pr * D + 2 * tq;
-#pragma unroll
-            for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    store2(po + 64 * qb + 8 * j, o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
-            if (tq == 0) {
-                ws_ml[2 * pr] = m_run[x];
-                ws_ml[2 * pr + 1] = l_row[x];
-            }
-        }
-    }
+    store_rows(o, l_run, m_run, rows, w.split, splits, out, ws_o, ws_ml, (long long)B * H * Sq, D,
+               tq);
 }
 #endif  // NXRT_WG_SCHED <= 3
 #endif  // NXRT_WG_SCHED
