@@ -11,7 +11,7 @@ halved for causal), bf16 (``--dtypes bf16,f16`` adds the f16 rows).
 
 Each of our impls runs in its own worker process (a schedule that faults or hangs costs only
 its own cells; a hang ends that impl's column). A ``wg-sN`` worker points attention.py's
-``_wg_variant`` / ``wg_smem_bytes`` / ``WG_BUILD`` / ``WG_DIMS`` / ``WG_THREADS`` at schedule N
+``WG_BUILD`` (from which its variant, threads and shared memory follow) at schedule N
 for its own process only (what adopting it in attention.py would do). A worker first checks its
 path on small odd shapes (:data:`CHECKS`: f16 and bf16, MHA/GQA/MQA, causal with Sq < Sk and
 Sq > Sk, windows, softcap, masks, forced splits, D 64/128) against the float64 reference (relative
@@ -24,6 +24,7 @@ The table is printed last; ``--out DIR`` also writes ``DIR/sweep_attention.json`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,52 +73,47 @@ CHECKS: list[tuple[str, int, int, int, int, int, int, dict, int, int | None]] = 
 #: feeding mbarrier rings, two consumer warpgroups (setmaxnreg 232) running schedule 2's loop
 #: and ping-ponging their GEMMs through named barriers; one CTA per SM (168 registers at
 #: launch; consumers use up to 163/189 at D64/D128, the producer 37/33); 5: 4 with three
-#: K/V stages. ``threads``: the CTA size attention.py must launch (its ``WG_THREADS``).
+#: K/V stages. Threads, stages and shared memory follow from the schedule number in
+#: attention.py (``wg_threads``, ``wg_smem_bytes``).
 WG_SCHEDULES: dict[int, dict[str, Any]] = {
-    0: {"keys": 64, "stages": 2, "min_blocks": {64: 2, 128: 1}, "threads": 256},
-    1: {"keys": 64, "stages": 2, "min_blocks": {64: 2, 128: 1}, "threads": 256},
-    2: {"keys": 128, "stages": 2, "min_blocks": {64: 1, 128: 1}, "threads": 256},
-    3: {"keys": 128, "stages": 3, "min_blocks": {64: 1, 128: 1}, "threads": 256},
-    4: {"keys": 128, "stages": 2, "min_blocks": {64: 1, 128: 1}, "threads": 384},
-    5: {"keys": 128, "stages": 3, "min_blocks": {64: 1, 128: 1}, "threads": 384},
+    0: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
+    1: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
+    2: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
+    3: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
+    4: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
+    5: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
 }
-WG_ROWS = 128
-#: Shared-memory bytes of the mbarriers of the warp-specialised schedules (BAR_BYTES).
-WG_WS_BAR_BYTES = 256
 PEERS = ("flash", "cudnn")
 
 
-def wg_sched_smem_bytes(sched: int, D: int) -> int:
-    """Dynamic shared memory of attention_wg.cu's schedule ``sched`` at head dim D.
-
-    Q [128 x D] and NST slots each of K and V [BN x D] (schedule 0: two K+V stages, the same
-    bytes), all in 128-byte-swizzled 64-channel blocks, plus 1024 bytes of slack to align the
-    swizzle atoms: ``D/64 * (128*128 + 2*NST*BN*128) + 1024`` (SMEM_BYTES in the kernel);
-    the warp-specialised schedules (384 threads) add 256 bytes of mbarriers.
+def sched_build(sched: int) -> dict[int, tuple[int, int, int]]:
+    """attention.py's ``WG_BUILD`` with every head dim at schedule ``sched``.
 
     Raises
     ------
     KeyError
         ``sched`` is not in :data:`WG_SCHEDULES`.
     """
-    bn, nst = WG_SCHEDULES[sched]["keys"], WG_SCHEDULES[sched]["stages"]
-    bars = WG_WS_BAR_BYTES if WG_SCHEDULES[sched]["threads"] > 256 else 0
-    return (D // 64) * (WG_ROWS * 128 + 2 * nst * bn * 128) + bars + 1024
+    cfg = WG_SCHEDULES[sched]
+    return {D: (sched, cfg["keys"], mb) for D, mb in cfg["min_blocks"].items()}
 
 
-def wg_sched_defines(sched: int, bf16: bool, D: int) -> dict[str, object]:
-    """``-D`` defines of schedule ``sched`` (schedule 0 = attention.py's ``_wg_variant``).
+@contextlib.contextmanager
+def schedule(sched: int) -> Iterator[Any]:
+    """attention.py at schedule ``sched`` inside the block (restored after it)."""
+    from nxrt_kernels import attention as A
 
-    Raises
-    ------
-    KeyError
-        ``sched`` is not in :data:`WG_SCHEDULES` or D has no ``MIN_BLOCKS`` entry.
-    """
-    d: dict[str, object] = {"NXRT_BF16": int(bf16), "HEAD_DIM": D,
-                            "MIN_BLOCKS": WG_SCHEDULES[sched]["min_blocks"][D]}
-    if sched:  # schedule 0 keeps attention.py's exact define set (same compile-cache key)
-        d["NXRT_WG_SCHED"] = sched
-    return d
+    saved = A.WG_BUILD
+    A.WG_BUILD = sched_build(sched)
+    try:
+        yield A
+    finally:
+        A.WG_BUILD = saved
+
+
+def _sched_smem(sched: int) -> dict[int, int]:
+    with schedule(sched) as A:
+        return {D: A.wg_smem_bytes(D) for D in (64, 128)}
 
 
 def impl_sched(impl: str) -> int | None:
@@ -186,21 +183,9 @@ def _rows_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: list[tuple[int, 
 
 def _use_schedule(sched: int) -> None:
     """Point attention.py's wgmma plumbing at schedule ``sched`` (this process only)."""
-    from nxrt.api import DataType
-    from nxrt_kernels import _common
     from nxrt_kernels import attention as A
 
-    def variant(dtype: Any, D: int) -> Any:
-        return _common.Variant("attention_wg.cu", ("attn_fused_wg",),
-                               wg_sched_defines(sched, dtype == DataType.BFLOAT16, D),
-                               min_arch=90, arch_suffix="a")
-
-    A._wg_variant = variant
-    A.wg_smem_bytes = lambda D: wg_sched_smem_bytes(sched, D)
-    A.WG_THREADS = WG_SCHEDULES[sched]["threads"]  # read by _launch_fused at each launch
-    A.WG_BUILD = {D: (sched, WG_SCHEDULES[sched]["keys"], mb)
-                  for D, mb in WG_SCHEDULES[sched]["min_blocks"].items()}
-    A.WG_DIMS = dict(WG_SCHEDULES[sched]["min_blocks"])
+    A.WG_BUILD = sched_build(sched)
 
 
 def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
@@ -382,17 +367,17 @@ def precompile(impls: list[str], arch: str = "sm_90") -> None:
     starts (NVRTC takes 2-15 s per wgmma variant; serially in the workers that would eat
     most of the time budget). Best effort: a worker compiles whatever is missing."""
     from nxrt.api import DataType
-    from nxrt_kernels import _common
     from nxrt_kernels import attention as A
 
     jobs: set[tuple[str, tuple[str, ...], str]] = set()
     for impl in impls:
         sched = impl_sched(impl)
         if sched is not None:
-            for bf16 in (False, True):
-                for D in (64, 128):
-                    opts = _common.defines_to_options(wg_sched_defines(sched, bf16, D))
-                    jobs.add(("attention_wg.cu", opts, arch + "a"))
+            with schedule(sched):
+                for dt in (DataType.FLOAT16, DataType.BFLOAT16):
+                    for D in (64, 128):
+                        v = A._wg_variant(dt, D)
+                        jobs.add((v.file, v.options, arch + "a"))
         if impl == "fused":
             for v in A.compile_variants():
                 if v.file == "attention_fused_tc.cu" and v.defines.get("HEAD_DIM") in (64, 128):
@@ -601,8 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "cases": [dict(name=case_name(c), dtype=c[0], D=c[1], B=c[2], H=c[3], S=c[4],
                        causal=c[5], flop=flops(c), impls={}) for c in all_cases],
-        "schedules": {str(s): dict(cfg, smem={D: wg_sched_smem_bytes(s, D) for D in (64, 128)})
-                      for s, cfg in WG_SCHEDULES.items()},
+        "schedules": {str(s): dict(cfg, smem=_sched_smem(s)) for s, cfg in WG_SCHEDULES.items()},
         "reps": reps,
     }
     table: dict[tuple[int, str], str] = {}
