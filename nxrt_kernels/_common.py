@@ -5,9 +5,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nxrt.api import DataType, WorkspaceRequirement, WorkspaceView
-from nxrt.errors import KernelError, WorkspaceError
+from nxrt.errors import CaptureError, KernelError, WorkspaceError
 
 from . import CUDA_DIR
 
@@ -96,3 +97,52 @@ def check_workspace(op: str, req: WorkspaceRequirement, ws: WorkspaceView | None
 
 def seq(values: Sequence[object]) -> str:
     return "[" + ", ".join(map(str, values)) + "]"
+
+
+class ScratchPool:
+    """One device buffer with a stable address, grown only outside capture (an op's scratch
+    when the caller passes no workspace).
+
+    With ``zeroed`` a new buffer is cleared when allocated (split counters: kernels leave
+    them at zero, so they stay zero between launches and a replay needs no memset).
+    """
+
+    def __init__(self, rt: Any, op: str, zeroed: bool = False) -> None:
+        self.rt = rt
+        self.op = op
+        self.zeroed = zeroed
+        self.ptr = 0
+        self.nbytes = 0
+
+    def ensure(self, nbytes: int, capturing: bool) -> int:
+        """The buffer's address, grown to ``nbytes`` first if needed (0 for 0 bytes).
+
+        Raises
+        ------
+        CaptureError
+            It must grow while the stream is capturing (no allocation inside a capture).
+        """
+        if nbytes <= self.nbytes and self.ptr:
+            return self.ptr
+        if nbytes == 0:
+            return 0
+        if capturing:
+            raise CaptureError(
+                f"{self.op}: needs {nbytes} bytes of pooled scratch but the pool holds "
+                f"{self.nbytes}; the missing warm-up: run one eager execute with the capture's "
+                "shapes before begin_capture() (or pass a workspace of "
+                "workspace_requirement() bytes)")
+        new = self.rt.alloc_raw(nbytes)
+        if self.zeroed:
+            self.rt.memset(new, 0, nbytes)
+        if self.ptr:
+            self.rt.synchronize()  # earlier launches may still read the old buffer
+            self.rt.free_raw(self.ptr)
+        self.ptr, self.nbytes = new, nbytes
+        return new
+
+    def release(self) -> None:
+        """Free the buffer (the next ``ensure`` allocates again)."""
+        if self.ptr:
+            self.rt.free_raw(self.ptr)
+            self.ptr, self.nbytes = 0, 0

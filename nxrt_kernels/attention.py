@@ -104,7 +104,7 @@ from nxrt.api import (
 )
 from nxrt.errors import CaptureError, KernelError
 
-from ._common import CTYPE, Variant, check_workspace, get_function
+from ._common import CTYPE, ScratchPool, Variant, check_workspace, get_function
 
 __all__ = ["AttentionFactory", "AttentionKernel", "Attrs", "Dims", "Plan", "compile_variants",
            "parse_attributes", "check_dims", "plan", "split_layout", "unfused_layout",
@@ -131,7 +131,6 @@ WG_DEFAULT = True
 #: schedule 4 at 1.03-1.27x torch's flash backend on the S >= 4096 rows (405 TFLOP/s at
 #: D128 S8192 against 312 for schedule 2).
 WG_BUILD: dict[int, tuple[int, int, int]] = {64: (4, 128, 1), 128: (4, 128, 1)}
-WG_DIMS: dict[int, int] = {D: b[2] for D, b in WG_BUILD.items()}
 WG_ROWS = 128
 #: ``auto`` uses ``wg`` from this many packed query rows (G·Sq) on: a prefill shape.
 WG_MIN_ROWS = 128
@@ -343,8 +342,8 @@ def wg_reason(dims: Dims, dtype: DataType, tc_ok: bool, cc: tuple[int, int] | No
         return f"compute capability {tuple(cc)} (wgmma/sm_90a needs exactly 9.0)"
     if dtype == DataType.FLOAT:
         return "dtype FLOAT (wgmma takes f16/bf16)"
-    if dims.D not in WG_DIMS:
-        return f"head_dim D = {dims.D} (wgmma builds: {sorted(WG_DIMS)})"
+    if dims.D not in WG_BUILD:
+        return f"head_dim D = {dims.D} (wgmma builds: {sorted(WG_BUILD)})"
     if not tc_ok:
         return "Q/K/V strides that are not multiples of 8 elements (16-byte rows)"
     return None
@@ -588,7 +587,7 @@ def compile_variants() -> list[Variant]:
     out = [_tc_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in TC_TILES]
     for dt in SUPPORTED:
         out += [_simt_variant(dt), _rows_variant(dt), _gemm_variant(dt)]
-    out += [_wg_variant(dt, D) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for D in WG_DIMS]
+    out += [_wg_variant(dt, D) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for D in WG_BUILD]
     out += [_dec_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in DEC_TILES]
     return out
 
@@ -705,14 +704,14 @@ class AttentionKernel:
         # With use_counter_pool False the counters always come from the workspace (memset per
         # call; the sweep measures both).
         self.use_counter_pool = True
-        self._cnt_ptr, self._cnt_bytes = 0, 0
+        self._cnt_pool = ScratchPool(rt, OP, zeroed=True)
 
     def close(self) -> None:
         """Free the decode split-counter pool (the kernel stays usable; the next eager split
         decode call allocates it again)."""
-        if getattr(self, "_cnt_ptr", 0):  # __init__ may have raised before setting it
-            ptr, self._cnt_ptr, self._cnt_bytes = self._cnt_ptr, 0, 0
-            self.rt.free_raw(ptr)
+        pool = getattr(self, "_cnt_pool", None)  # __init__ may have raised before setting it
+        if pool is not None:
+            pool.release()
 
     def __del__(self) -> None:
         try:
@@ -920,18 +919,9 @@ class AttentionKernel:
         """Zeroed split counters for one decode launch: the pool (allocated and zeroed by the
         first eager call), else the workspace's tail, cleared on the stream."""
         need = 4 * tasks
-        if self.use_counter_pool:
-            if self._cnt_bytes >= need:
-                return self._cnt_ptr
-            if not self.rt.is_capturing():
-                nbytes = max(need, 4096)
-                new = self.rt.alloc_raw(nbytes)
-                self.rt.memset(new, 0, nbytes)
-                if self._cnt_ptr:
-                    self.rt.synchronize()  # earlier launches may still use the old pool
-                    self.rt.free_raw(self._cnt_ptr)
-                self._cnt_ptr, self._cnt_bytes = new, nbytes
-                return new
+        pool = self._cnt_pool
+        if self.use_counter_pool and (pool.nbytes >= need or not self.rt.is_capturing()):
+            return pool.ensure(max(need, 4096), capturing=False)
         cnt = ws + p.ws_cnt
         self.rt.memset(cnt, 0, need)
         return cnt

@@ -62,7 +62,7 @@ from nxrt.api import (
 from nxrt.errors import CaptureError, KernelError
 
 from . import _common
-from ._common import Variant
+from ._common import ScratchPool, Variant
 from ._ref_index_share import (
     FLOAT_TYPES,
     INDEX_TYPES,
@@ -435,45 +435,6 @@ class IndexShareFactory:
         return IndexShareKernel(self.rt, node, parse_attributes(node))
 
 
-class _ScratchPool:
-    """One device buffer with a stable address, grown only outside capture.
-
-    With ``zeroed`` a new buffer is cleared when allocated (the split counters: kernels
-    leave them at zero, so they stay zero between launches).
-    """
-
-    def __init__(self, rt: Any, zeroed: bool = False) -> None:
-        self.rt = rt
-        self.zeroed = zeroed
-        self.ptr = 0
-        self.nbytes = 0
-
-    def ensure(self, nbytes: int, capturing: bool) -> int:
-        if nbytes <= self.nbytes and self.ptr:
-            return self.ptr
-        if nbytes == 0:
-            return 0
-        if capturing:
-            raise CaptureError(
-                f"{OP}: needs {nbytes} bytes of pooled scratch but the pool holds "
-                f"{self.nbytes}; the missing warm-up: run one eager execute with the capture's "
-                "shapes before begin_capture() (or pass a workspace of "
-                "workspace_requirement() bytes)")
-        new = self.rt.alloc_raw(nbytes)
-        if self.zeroed:
-            self.rt.memset(new, 0, nbytes)
-        if self.ptr:
-            self.rt.synchronize()  # earlier launches may still read the old buffer
-            self.rt.free_raw(self.ptr)
-        self.ptr, self.nbytes = new, nbytes
-        return new
-
-    def release(self) -> None:
-        if self.ptr:
-            self.rt.free_raw(self.ptr)
-            self.ptr, self.nbytes = 0, 0
-
-
 def _gcd_width(*values: int) -> int:
     for w in (16, 8, 4, 2):
         if all(v % w == 0 for v in values):
@@ -496,8 +457,8 @@ class IndexShareKernel:
         self.attrs = attrs
         self.path_override: str | None = None
         self.plan_override: dict[str, Any] | None = None
-        self._pool = _ScratchPool(rt)
-        self._counters = _ScratchPool(rt, zeroed=True)
+        self._pool = ScratchPool(rt, OP)
+        self._counters = ScratchPool(rt, OP, zeroed=True)
         self._fns: dict[tuple, Any] = {}
         self._warm = False
         self.last_plan: _Plan | None = None

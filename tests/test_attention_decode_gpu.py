@@ -194,7 +194,7 @@ def test_capture_replay_with_new_inputs(rt, ledger, rng, warm):
         try:
             assert rt.memory_stats().live_bytes == before  # nothing allocated while capturing
             assert kernel.last_plan.splits > 1
-            assert bool(kernel._cnt_ptr) == warm
+            assert bool(kernel._cnt_pool.ptr) == warm
             for _ in range(3):
                 host = host_inputs(rng, BF16, B, H, Hkv, 1, Sk, D)
                 call.upload(host)
