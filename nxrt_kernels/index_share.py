@@ -42,6 +42,7 @@ only on shapes and the device.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -94,7 +95,14 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 #: Tensor-core warp layouts (WM warps along heads x WN along each tile's keys) with builds.
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
-PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe")
+PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows")
+#: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
+#: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
+#: between the two warpgroups of one 64-head block.
+WG_LAYOUTS = ((1, 64), (2, 64), (2, 128))
+#: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
+#: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
+WG_MIN_GROUP = 32
 #: Tensor-core per-tile pipelines (IS_PIPE): 1 the first one, 2 the leaner issue/score path
 #: (same bits; see cuda/index_share_mma.cu). ``_DEFAULT_PIPE`` is what the planner takes.
 MMA_PIPES = (1, 2)
@@ -117,6 +125,12 @@ def _mma_variant(dt: DataType, hd: int, wm: int, wn: int, pipe: int = 1) -> Vari
     return Variant("index_share_mma.cu", ("is_attn_mma",), defines)
 
 
+def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int) -> Variant:
+    return Variant("index_share_wg.cu", ("is_attn_wg",),
+                   {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WGS": wgs, "IS_MROWS": mrows},
+                   min_arch=90, arch_suffix="a")
+
+
 def compile_variants() -> list[Variant]:
     """Every (file, defines, entries) this module may launch (for ``nxrt warm`` and tests)."""
     out: list[Variant] = []
@@ -129,6 +143,7 @@ def compile_variants() -> list[Variant]:
     for dt in (DataType.FLOAT16, DataType.BFLOAT16):
         out += [_mma_variant(dt, hd, wm, wn, pipe) for hd in (64, 128)
                 for wm, wn in MMA_LAYOUTS for pipe in MMA_PIPES]
+        out += [_wg_variant(dt, hd, wgs, mrows) for hd in (64, 128) for wgs, mrows in WG_LAYOUTS]
     return out
 
 
@@ -143,7 +158,7 @@ def _max_head_size(dt: DataType, head: int) -> int:
 
 @dataclass(frozen=True)
 class _Plan:
-    path: str  # "simt" | "mma"
+    path: str  # "simt" | "mma" | "wg"
     variant: Variant
     entry: str
     threads: int
@@ -155,6 +170,7 @@ class _Plan:
     cps: int  # columns per split
     lpk: int  # lanes per key (simt)
     stages: int  # tensor-core ring depth (0 for simt)
+    per_sm: int  # CTAs per SM the plan was sized for
     merge: str  # "none" (one split) | "last" (the task's last CTA) | "kernel" (is_combine)
     smem: int
     grid: int
@@ -167,11 +183,11 @@ class _Plan:
     @property
     def knobs(self) -> dict[str, Any]:
         """The knobs that pin this plan (see ``PLAN_KNOBS``)."""
-        wm = self.variant.defines.get("IS_WM")
-        wn = self.variant.defines.get("IS_WN")
-        return {"splits": self.splits, "wm": wm, "wn": wn, "stages": self.stages,
-                "merge": self.merge, "pipe": self.variant.defines.get("IS_PIPE", 1)
-                if self.path == "mma" else None}
+        d = self.variant.defines
+        return {"splits": self.splits, "wm": d.get("IS_WM"), "wn": d.get("IS_WN"),
+                "stages": self.stages, "merge": self.merge,
+                "pipe": d.get("IS_PIPE", 1) if self.path == "mma" else None,
+                "wgs": d.get("IS_WGS"), "mrows": d.get("IS_MROWS")}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -185,6 +201,17 @@ def _pow2_ceil(x: int) -> int:
 def _mma_ok(g: Geometry) -> bool:
     return (g.dtype in (DataType.FLOAT16, DataType.BFLOAT16) and g.head_size in (64, 128)
             and g.index_heads == 1 and g.group >= 8)
+
+
+def _wg_ok(g: Geometry) -> bool:
+    return _mma_ok(g) and g.group >= WG_MIN_GROUP
+
+
+def _wg_smem(hd: int, wgs: int, mrows: int, stages: int, cps: int) -> int:
+    """Dynamic shared memory of is_attn_wg (mirrors the kernel's layout)."""
+    kt = 64 * (wgs // (mrows // 64))  # keys per tile
+    hb = hd // 64
+    return 1024 + hb * mrows * 128 + stages * 2 * hb * kt * 128 + cps * 4
 
 
 def _mma_smem(wm: int, wn: int, stages: int, hd: int, cps: int) -> int:
@@ -228,7 +255,7 @@ def _choose_splits(tasks: int, width: int, col_align: int, max_cps: int, slots: 
 
 def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
           capacity_scratch: bool, smem_max: int = 227 * 1024, smem_sm: int = 228 * 1024,
-          knobs: dict[str, Any] | None = None) -> _Plan:
+          knobs: dict[str, Any] | None = None, wg_arch: bool = False) -> _Plan:
     """Path, tiling, split-K and scratch layout.
 
     Raises
@@ -248,13 +275,44 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     if bad:
         raise KernelError(f"{OP}: unknown plan knobs {sorted(bad)}; known: {PLAN_KNOBS}")
     h, dt = g.head_size, g.dtype
-    use_mma = path == "mma" or (path is None and aligned16 and _mma_ok(g))
+    use_wg = path == "wg" or (path is None and wg_arch and aligned16 and _wg_ok(g))
+    if use_wg and not (wg_arch and aligned16 and _wg_ok(g)):
+        raise KernelError(f"{OP}: the wgmma path needs an sm_90 device, f16/bf16, H in (64, 128), "
+                          f"one shared index head, >= {WG_MIN_GROUP} heads per kv head and "
+                          "16-byte aligned tensors")
+    use_mma = not use_wg and (path == "mma" or (path is None and aligned16 and _mma_ok(g)))
     if use_mma and not (aligned16 and _mma_ok(g)):
         raise KernelError(f"{OP}: the tensor-core path needs f16/bf16, H in (64, 128), one "
                           "shared index head, >= 8 heads per kv head and 16-byte aligned tensors")
     shared = g.index_heads == 1
-    stages = 0
-    if use_mma:
+    stages, per_sm = 0, 1
+    if use_wg:
+        mrows = int(knobs.get("mrows", 128 if g.group > 64 else 64))
+        wgs = int(knobs.get("wgs", 2))
+        if (wgs, mrows) not in WG_LAYOUTS:
+            raise KernelError(f"{OP}: wgmma layout (wgs={wgs}, mrows={mrows}) has no build; "
+                              f"choose one of {WG_LAYOUTS}")
+        col_align, max_cps = 64 * (wgs // (mrows // 64)), 2048
+        cps_hi = min(max_cps, _round_up(g.width, col_align))
+        hpc, threads, lpk = mrows, 128 * wgs, 0
+        variant, entry = _wg_variant(dt, h, wgs, mrows), "is_attn_wg"
+        # One warpgroup: two CTAs per SM where two fit (one's softmax overlaps the other's
+        # wgmma); two warpgroups: one CTA with the deepest ring.
+        per_sm = 2 if wgs == 1 else 1
+        while True:
+            budget = min(smem_max, smem_sm // per_sm - 1024)
+            if "stages" in knobs:
+                stages = int(knobs["stages"])
+                if not 2 <= stages <= 8:
+                    raise KernelError(f"{OP}: stages={stages} must be in [2, 8]")
+            else:
+                stages = _MAX_STAGES
+                while stages > 2 and _wg_smem(h, wgs, mrows, stages, cps_hi) > budget:
+                    stages -= 1
+            if per_sm == 1 or _wg_smem(h, wgs, mrows, stages, cps_hi) <= budget:
+                break
+            per_sm = 1
+    elif use_mma:
         col_align, max_cps = _KT, 2048
         cps_hi = min(max_cps, _round_up(g.width, col_align))
         if "wm" in knobs or "wn" in knobs:
@@ -315,8 +373,8 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     if "splits" in knobs:
         # The tensor-core finish keeps nh x (splits + 1) weights in the ring: at most 32.
         splits = max(1, min(int(knobs["splits"]), -(-g.width // col_align),
-                            32 if use_mma else 1 << 30))
-    elif use_mma:
+                            32 if (use_mma or use_wg) else 1 << 30))
+    elif use_mma or use_wg:
         splits = _choose_splits(tasks, g.width, col_align, max_cps, max(1, sm_count * per_sm))
     else:
         target = sm_count * per_sm
@@ -324,7 +382,13 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         splits = max(min(want, -(-g.width // 256)), -(-g.width // max_cps), 1)
     cps = min(_round_up(-(-g.width // splits), col_align), max_cps)
     splits = -(-g.width // cps)
-    if use_mma:
+    if use_wg:
+        smem = _wg_smem(h, wgs, mrows, stages, cps)
+        if smem > smem_max:
+            raise KernelError(f"{OP}: the wgmma plan needs {smem} bytes of shared memory "
+                              f"(wgs={wgs}, mrows={mrows}, stages={stages}, {cps} columns per "
+                              f"split); the device allows {smem_max}")
+    elif use_mma:
         smem = _mma_smem(wm, wn, stages, h, cps)
         if smem > smem_max:
             raise KernelError(f"{OP}: the tensor-core plan needs {smem} bytes of shared memory "
@@ -351,9 +415,9 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     valid_off = _round_up(part_ml_off + pm, _ALIGN)
     cnt_off = _round_up(valid_off + vb, _ALIGN)
     nbytes = cnt_off + cb if (po or vb or cb) else 0
-    return _Plan("mma" if use_mma else "simt", variant, entry, threads, hpc, hbk, units, tasks,
-                 splits, cps, lpk, stages, merge, smem, grid, 0, part_ml_off, valid_off, cnt_off,
-                 nbytes)
+    return _Plan("wg" if use_wg else "mma" if use_mma else "simt", variant, entry, threads, hpc,
+                 hbk, units, tasks, splits, cps, lpk, stages, per_sm, merge, smem, grid, 0,
+                 part_ml_off, valid_off, cnt_off, nbytes)
 
 
 # ---------------------------------------------------------------------------------------
@@ -504,6 +568,8 @@ class IndexShareKernel:
             need = max(need, self._make_plan(g, True, "simt", cap).nbytes)
             if self.path_override != "simt" and _mma_ok(g):
                 need = max(need, self._make_plan(g, True, "mma", cap).nbytes)
+            if self.path_override in (None, "wg") and _wg_ok(g) and self._wg_arch():
+                need = max(need, self._make_plan(g, True, "wg", cap).nbytes)
         return WorkspaceRequirement(need, _ALIGN) if need else WorkspaceRequirement.NONE
 
     def close(self) -> None:
@@ -526,7 +592,13 @@ class IndexShareKernel:
         smem_sm = int(getattr(caps, "max_shared_per_sm", 0) or smem_max + 1024)
         # The CUDA-core path reads only the splits and merge knobs.
         return _plan(g, caps.sm_count, aligned16, path, cap, smem_max, smem_sm,
-                     self.plan_override)
+                     self.plan_override, wg_arch=self._wg_arch())
+
+    def _wg_arch(self) -> bool:
+        """The device runs sm_90a code (wgmma) and NXRT_INDEX_SHARE_WG is not 0."""
+        if os.environ.get("NXRT_INDEX_SHARE_WG", "1") == "0":
+            return False
+        return str(getattr(self.rt.capabilities, "arch", "")) == "sm_90"
 
     def _fn(self, variant: Variant, entry: str, capturing: bool) -> Any:
         key = (variant.file, variant.options, entry)
@@ -598,8 +670,9 @@ class IndexShareKernel:
                              y, prk, prv, pk, pv)
         ptrs = [t.ptr for t in (q, k, v, pk, pv, y) if t is not None]
         aligned16 = all(p % 16 == 0 for p in ptrs)
-        if self.path_override not in (None, "simt", "mma"):
-            raise ValueError(f"path_override must be None, 'simt' or 'mma', got {self.path_override!r}")
+        if self.path_override not in (None, "simt", "mma", "wg"):
+            raise ValueError("path_override must be None, 'simt', 'mma' or 'wg', got "
+                             f"{self.path_override!r}")
         plan = self._make_plan(g, aligned16, self.path_override, g.mode == "capacity")
         self.last_plan = plan
         capturing = rt.is_capturing()

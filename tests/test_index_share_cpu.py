@@ -309,14 +309,20 @@ def test_compile_variants_listed_and_nvrtc_sample():
     from nxrt_kernels import _common
 
     vs = index_share.compile_variants()
-    assert {v.file for v in vs} == {"index_share_aux.cu", "index_share_attn.cu", "index_share_mma.cu"}
+    assert {v.file for v in vs} == {"index_share_aux.cu", "index_share_attn.cu",
+                                    "index_share_mma.cu", "index_share_wg.cu"}
     sample = [vs[0], next(v for v in vs if v.file == "index_share_attn.cu"),
-              next(v for v in vs if v.file == "index_share_mma.cu")]
+              next(v for v in vs if v.file == "index_share_mma.cu"),
+              next(v for v in vs if v.file == "index_share_wg.cu")]
     for v in sample:
         for arch in ("sm_80", "sm_90"):
-            c = compiler.compile_source(_common.source(v.file), v.file, arch, v.options,
-                                        _common.headers())
+            if v.min_arch > int(arch[3:]):
+                continue
+            c = compiler.compile_source(_common.source(v.file), v.file, arch + v.arch_suffix,
+                                        v.options, _common.headers())
             assert c.cubin and b".entry" in c.ptx
+            if v.file == "index_share_wg.cu":
+                assert b"wgmma.mma_async" in c.ptx
 
 
 # ---------------------------------------------------------------------------------------
@@ -387,9 +393,11 @@ class FakeRuntime:
 
     def __init__(self, builddir: Path, sm_count: int = 3):
         self.builddir = builddir
-        self.capabilities = SimpleNamespace(sm_count=sm_count, arch="sm_90",
+        # An sm_80 device: the emulation runs the mma.sync and CUDA-core kernels (the sm_90a
+        # wgmma path has no host emulation; the GPU tests cover it).
+        self.capabilities = SimpleNamespace(sm_count=sm_count, arch="sm_80",
                                             max_shared_per_block_optin=227 * 1024)
-        self.arch = "sm_90"
+        self.arch = "sm_80"
         self._bufs: dict[int, np.ndarray] = {}
         self._libs: dict[Path, ctypes.CDLL] = {}
         self._fns: dict[tuple, _EmuFn] = {}

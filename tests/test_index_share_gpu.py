@@ -103,9 +103,16 @@ CASES = [
     ("f16-mha-hiN-rank2", F16, 2, 4, 4, 3, 3, 61, 64, 64, 4, (3, "C"), np.int64, "concat", None),
     ("bf16-mma-wm1-rank4-cap", BF16, 2, 16, 2, 2, 2, 300, 64, 64, 1, (2, 1, 2, "C"), np.int32,
      "capacity", None),
-    ("bf16-mma-wm4-k2048", BF16, 2, 64, 1, 2, 5, 2600, 128, 2048, 1, None, np.int64, "none", None),
+    ("bf16-mma-wm4-k2048", BF16, 2, 64, 1, 2, 5, 2600, 128, 2048, 1, None, np.int64, "none",
+     "mma"),
     ("f16-mma-wm4-rank3", F16, 1, 48, 1, 3, 3, 2100, 128, 2048, 1, (48, 1, "C"), np.int32,
+     "concat", "mma"),
+    # The wgmma path (sm_90a; elsewhere the planner takes mma and these still check that).
+    ("bf16-wg-k2048", BF16, 2, 64, 1, 2, 5, 2600, 128, 2048, 1, None, np.int64, "none", None),
+    ("f16-wg-g48-rank3", F16, 1, 48, 1, 3, 3, 2100, 128, 2048, 1, (48, 1, "C"), np.int32,
      "concat", None),
+    ("bf16-wg-h64-g96-cap", BF16, 2, 96, 1, 1, 1, 3000, 64, 1500, 1, (2, 96, 1, "C"), np.int32,
+     "capacity", None),
     ("f32-cap-hiN-k1", F32, 3, 6, 2, 2, 1, 50, 16, 1, 6, (3, 6, 2, "C"), np.int64, "capacity",
      None),
     ("bf16-odd-h72-rank3", BF16, 2, 6, 3, 3, 2, 40, 72, 7, 6, (1, 3, "C"), np.int32, "none",
@@ -193,9 +200,10 @@ def kern_violation(kern, views, outs):
     return None
 
 
+@pytest.mark.parametrize("n", [16, 64], ids=["mma", "wg"])
 @pytest.mark.parametrize("mode", ["none", "capacity"])
-def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode):
-    b, n, nkv, h, k = 2, 16, 2, 64, 64
+def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n):
+    b, nkv, h, k = 2, 2, 64, 64
     past = 500
     ins = case(rng, dtype=BF16, b=b, n=n, nkv=nkv, sq=1, cur=1, past=past, h=h, k=k, hi=1,
                bias=(b, 1, 1, "C") if mode == "capacity" else None, idt=np.int32, mode=mode)
@@ -308,6 +316,7 @@ def test_mma_plans_agree(rt, ledger, rng, shape):
     arrs, views = upload(rt, ins)
     y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
     kern = index_share.IndexShareFactory(rt).create(nd)
+    kern.path_override = "mma"
     plans = [None, {"merge": "kernel"}, {"wm": 4, "wn": 2}, {"wm": 4, "wn": 1, "stages": 2},
              {"stages": 3, "splits": 3}, {"stages": 3, "splits": 3, "merge": "kernel"},
              {"splits": 1},
@@ -331,6 +340,63 @@ def test_mma_plans_agree(rt, ledger, rng, shape):
         assert shape == "prefill" or kern.last_plan.splits > 1
         for _ in range(4):
             assert np.array_equal(run(rt, kern, views, [y])[0].view(np.uint16), first.view(np.uint16))
+    finally:
+        kern.close()
+        free(arrs, [y])
+
+
+def _wg_device(rt) -> bool:
+    return rt.capabilities.arch == "sm_90"
+
+
+@pytest.mark.parametrize("shape", ["decode-g64", "decode-g128-bias", "prefill-g96-f16-h64"])
+def test_wg_plans_agree(rt, ledger, rng, shape):
+    """The wgmma path (sm_90a): every layout (heads split across warpgroups, keys split
+    across warpgroups, one warpgroup), ring depth, split count and split merge matches the
+    reference; plans with the same layout and splits give the same bits whatever the depth
+    or the merge; repeated runs are bitwise equal; it is the default where it applies."""
+    if not _wg_device(rt):
+        pytest.skip("the wgmma path needs an sm_90 device")
+    dt, h, bias = BF16, 128, None
+    if shape == "decode-g64":
+        b, n, sq, past, k = 3, 64, 1, 5000, 2048
+    elif shape == "decode-g128-bias":
+        b, n, sq, past, k = 2, 128, 1, 3000, 1999
+        bias = (2, 128, 1, "C")
+    else:  # many (query) tasks, two head blocks of 64 (one partial with mrows 128)
+        b, n, sq, past, k, dt, h = 1, 96, 37, 700, 300, F16, 64
+        bias = (96, 1, "C")
+    ins = case(rng, dtype=dt, b=b, n=n, nkv=1, sq=sq, cur=sq, past=past, h=h, k=k, hi=1,
+               bias=bias, idt=np.int32, mode="none")
+    nd = make_node(n, 1)
+    want = reference.index_share(nd, ins)[0]
+    arrs, views = upload(rt, ins)
+    y = DeviceArray(rt, ins[0].shape, DataType.from_numpy(dt))
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    plans = [None, {"merge": "kernel"}, {"stages": 2}, {"splits": 1}, {"splits": 3},
+             {"splits": 3, "merge": "kernel", "stages": 3},
+             {"wgs": 1, "mrows": 64}, {"wgs": 1, "mrows": 64, "splits": 4},
+             {"wgs": 2, "mrows": 64}, {"wgs": 2, "mrows": 64, "splits": 2},
+             {"wgs": 2, "mrows": 128}, {"wgs": 2, "mrows": 128, "splits": 5}]
+    got = {}
+    try:
+        kern.plan_override = None
+        run(rt, kern, views, [y])
+        assert kern.last_plan.path == "wg", kern.last_plan
+        for knobs in plans:
+            kern.plan_override = knobs
+            a = run(rt, kern, views, [y])[0]
+            plan = kern.last_plan
+            assert plan.path == "wg"
+            err = rel_fro(a, want)
+            assert err < TOL[DataType.from_numpy(dt)], (knobs, plan, err)
+            key = (plan.knobs["wgs"], plan.knobs["mrows"], plan.splits)
+            if key in got:
+                assert np.array_equal(got[key].view(np.uint16), a.view(np.uint16)), (knobs, plan)
+            got[key] = a
+            for _ in range(2):
+                assert np.array_equal(run(rt, kern, views, [y])[0].view(np.uint16),
+                                      a.view(np.uint16)), ("not deterministic", knobs, plan)
     finally:
         kern.close()
         free(arrs, [y])

@@ -49,6 +49,18 @@ TOL_BF16 = 1e-2
 VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ("decode", 64): [
         ("default", None),
+        ("wg:2x64-S2", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2}),
+        ("wg:2x64-S4", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 4}),
+        ("wg:2x64-st2-S4", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 4}),
+        ("wg:2x64-S8", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 8}),
+        ("wg:1x64-S2", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 2}),
+        ("wg:1x64-S4", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 4}),
+        ("wg:1x64-S8", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 8}),
+        ("wg:1x64-st5-S4", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 5, "splits": 4}),
+        ("wg:1x64-st5-S2", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 5, "splits": 2}),
+        ("wg:1x64-st6-S2", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 6, "splits": 2}),
+        ("wg:1x64-st4-S2", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 4, "splits": 2}),
+        ("wg:2x64-st2-S2", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 2}),
         ("p1:4x2-st5-S2", {"wm": 4, "wn": 2, "stages": 5, "splits": 2, "pipe": 1}),
         ("p2:4x2-st5-S2", {"wm": 4, "wn": 2, "stages": 5, "splits": 2, "pipe": 2}),
         ("p2:4x2-st3-S2", {"wm": 4, "wn": 2, "stages": 3, "splits": 2, "pipe": 2}),
@@ -64,6 +76,12 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("decode", 128): [
         ("default", None),
+        ("wg:2x128-S2", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2}),
+        ("wg:2x128-S4", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 4}),
+        ("wg:2x128-st3-S4", {"path": "wg", "wgs": 2, "mrows": 128, "stages": 3, "splits": 4}),
+        ("wg:2x128-S8", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 8}),
+        ("wg:1x64-S4", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 4}),
+        ("wg:2x64-S4", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 4}),
         ("p1:8x1-st5-S2", {"wm": 8, "wn": 1, "stages": 5, "splits": 2, "pipe": 1}),
         ("p2:8x1-st5-S2", {"wm": 8, "wn": 1, "stages": 5, "splits": 2, "pipe": 2}),
         ("p2:8x1-st3-S2", {"wm": 8, "wn": 1, "stages": 3, "splits": 2, "pipe": 2}),
@@ -77,6 +95,10 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("prefill", 64): [
         ("default", None),
+        ("wg:2x64", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 1}),
+        ("wg:2x64-st2", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 1}),
+        ("wg:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1}),
+        ("wg:1x64-st4-1cta", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 4, "splits": 1}),
         ("p2:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 2}),
         ("p2:4x2-st3", {"wm": 4, "wn": 2, "stages": 3, "splits": 1, "pipe": 2}),
         ("old:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 1}),
@@ -87,6 +109,10 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("prefill", 128): [
         ("default", None),
+        ("wg:2x128", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 1}),
+        ("wg:2x128-st3", {"path": "wg", "wgs": 2, "mrows": 128, "stages": 3, "splits": 1}),
+        ("wg:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1}),
+        ("wg:2x64", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 1}),
         ("p1:8x1-st5", {"wm": 8, "wn": 1, "stages": 5, "splits": 1, "pipe": 1}),
         ("p2:8x1-st5", {"wm": 8, "wn": 1, "stages": 5, "splits": 1, "pipe": 2}),
         ("old:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 1}),
@@ -102,10 +128,24 @@ def shape_name(c: dict[str, Any]) -> str:
 
 
 def plan_text(p: dict[str, Any]) -> str:
+    if p.get("path") == "wg":
+        return (f"wg {p['wgs']}x{p['mrows']} st{p['stages']} S{p['splits']} {p['merge']} "
+                f"g{p['grid']} {p['smem'] // 1024}K")
     if p.get("path") != "mma":
         return f"{p.get('path')} S{p.get('splits')} {p.get('merge')}"
     return (f"p{p.get('pipe', 1)} {p['wm']}x{p['wn']} st{p['stages']} S{p['splits']} "
             f"{p['merge']} g{p['grid']} {p['smem'] // 1024}K")
+
+
+def split_path(knobs: dict | None) -> tuple[str | None, dict | None]:
+    """A variant's (path_override, plan_override): "path" is not a plan knob."""
+    if not knobs:
+        return None, knobs
+    rest = dict(knobs)
+    path = rest.pop("path", None)
+    if path is None and any(k in rest for k in ("wm", "wn", "pipe")):
+        path = "mma"  # mma.sync layout knobs: the wgmma default would ignore them
+    return path, rest
 
 
 # ---------------------------------------------------------------------------------------
@@ -193,7 +233,7 @@ class Worker:
         views = [a.view() for a in arrs]
         y = DeviceArray(self.rt, q.shape, DataType.BFLOAT16)
         kern = index_share.IndexShareFactory(self.rt).create(node)
-        kern.plan_override = knobs
+        kern.path_override, kern.plan_override = split_path(knobs)
         graph = None
         try:
             outs = []
@@ -251,7 +291,7 @@ class Worker:
         torch = self.torch
         sets = self._inputs(c)
         kern = index_share.IndexShareFactory(self.rt).create(bis.node_for(c))
-        kern.plan_override = knobs
+        kern.path_override, kern.plan_override = split_path(knobs)
         graphs: list = []
         try:
             graphs.extend(bis.capture(self.rt, kern, s) for s in sets)
@@ -347,6 +387,10 @@ def precompile(target: str) -> float:
         for pipe in index_share.MMA_PIPES:
             v = index_share._mma_variant(DataType.BFLOAT16, 128, wm, wn, pipe)
             jobs.append((v.file, v.options, target))
+    if target.startswith("sm_90"):
+        for wgs, mrows in index_share.WG_LAYOUTS:
+            v = index_share._wg_variant(DataType.BFLOAT16, 128, wgs, mrows)
+            jobs.append((v.file, v.options, "sm_90a"))
     try:
         with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),
                                  mp_context=multiprocessing.get_context("spawn")) as ex:

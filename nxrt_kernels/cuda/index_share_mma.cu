@@ -70,107 +70,6 @@ static_assert(IS_THREADS % IS_CPR == 0 && IS_KT % IS_SSTEP == 0, "whole rows per
 #define IS_XS (IS_DT * 4 + 4)  // floats a lane hands over in the warp merge: O, m, l
 #define IS_MERGE_BYTES (IS_WN > 1 ? IS_WM * (IS_WN - 1) * IS_XS * 32 * 4 : 0)
 
-// cp.async.wait_group takes an immediate: dispatch the (uniform) pending count.
-__device__ __forceinline__ void is_cp_async_wait_dyn(int n) {
-#ifdef NXRT_EMU
-  emu_cp_async_wait(n);
-#else
-  switch (n) {
-    case 6: is_cp_async_wait(6); break;
-    case 5: is_cp_async_wait(5); break;
-    case 4: is_cp_async_wait(4); break;
-    case 3: is_cp_async_wait(3); break;
-    case 2: is_cp_async_wait(2); break;
-    case 1: is_cp_async_wait(1); break;
-    default: is_cp_async_wait(0); break;  // waiting for more is always safe
-  }
-#endif
-}
-
-// In-kernel split-K finish of the tensor-core path (see is_finish_if_last): the same
-// arithmetic, vectorised so the merging CTA pays a few memory latencies, not one per
-// element: per-row split weights once (into `s_w`, shared memory for nh * (S + 1)
-// floats), then float4 partial loads, 8 chunks x 2 splits in flight per thread.
-__device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long long task, int S,
-                                                     const float* part_o, const float* part_ml,
-                                                     is_t* y, long long b, int qi, int Sq, int N,
-                                                     int h0, int nh, int* s_flag, float* s_w) {
-  __threadfence();  // this thread's partial stores, device-wide, before the arrival below
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
-    *s_flag = atomicAdd(counters + task, 1u) == (unsigned)(S - 1);
-  }
-  __syncthreads();
-  if (!*s_flag) return;  // uniform: the whole CTA leaves
-  __threadfence();
-  for (int r = threadIdx.x; r < nh; r += IS_THREADS) {
-    const float* ml = part_ml + is_prow(b, qi, Sq, N, h0 + r, S, 0) * 2;
-    float M = is_neg_inf();
-#pragma unroll 4
-    for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(ml + 2 * s));
-    float L = 0.f;
-#pragma unroll 4
-    for (int s = 0; s < S; ++s) {
-      float a = 0.f;
-      if (M != is_neg_inf()) {  // as is_merge_parts: all -inf gives L = 0, O = 0
-        a = exp2f(__ldcg(ml + 2 * s) - M);
-        L = __fmaf_rn(__ldcg(ml + 2 * s + 1), a, L);
-      }
-      s_w[r * (S + 1) + s] = a;
-    }
-    s_w[r * (S + 1) + S] = L;
-  }
-  __syncthreads();
-  constexpr int C4 = IS_HD / 4;  // float4 chunks per head row
-  const int total = nh * C4;
-  for (int base = 0; base < total; base += 8 * IS_THREADS) {
-    float4 acc[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 2
-    for (int s = 0; s < S; ++s) {
-      float4 o[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int c = base + u * IS_THREADS + (int)threadIdx.x;
-        o[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (c < total) {
-          const int r = c / C4, d4 = c - r * C4;
-          o[u] = __ldcg(reinterpret_cast<const float4*>(
-                            part_o + is_prow(b, qi, Sq, N, h0 + r, S, s) * IS_HD) + d4);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int c = base + u * IS_THREADS + (int)threadIdx.x;
-        if (c < total) {
-          const float w = s_w[(c / C4) * (S + 1) + s];
-          acc[u].x = __fmaf_rn(o[u].x, w, acc[u].x);
-          acc[u].y = __fmaf_rn(o[u].y, w, acc[u].y);
-          acc[u].z = __fmaf_rn(o[u].z, w, acc[u].z);
-          acc[u].w = __fmaf_rn(o[u].w, w, acc[u].w);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int c = base + u * IS_THREADS + (int)threadIdx.x;
-      if (c < total) {
-        const int r = c / C4, d4 = c - r * C4;
-        const float L = s_w[r * (S + 1) + S];
-        // Divide, then round each value: the same bits as is_store(O / L).
-        uint2 packed;
-        packed.x = is_pack2(L > 0.f ? acc[u].x / L : 0.f, L > 0.f ? acc[u].y / L : 0.f);
-        packed.y = is_pack2(L > 0.f ? acc[u].z / L : 0.f, L > 0.f ? acc[u].w / L : 0.f);
-        *reinterpret_cast<uint2*>(y + ((b * N + h0 + r) * (long long)Sq + qi) * IS_HD + 4 * d4) =
-            packed;
-      }
-    }
-  }
-  if (threadIdx.x == 0) counters[task] = 0u;  // the next launch (stream order) starts at zero
-}
-
 extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
     const is_t* __restrict__ q, const is_t* __restrict__ k0, const is_t* __restrict__ v0,
     const is_t* __restrict__ k1, const is_t* __restrict__ v1, const void* __restrict__ idx,
@@ -514,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
   // The ring is free now (the warp merge above is fenced by the finish's first barrier).
   IS_DYN_SMEM_NEED(S > 1 && counters ? IS_Q_BYTES + t.nh * (S + 1) * 4 : 0);
   if (S > 1 && counters)
-    is_finish_if_last_v4(counters, t.task, S, part_o, part_ml, y, t.b, t.qi, Sq, N, t.h0, t.nh,
+    is_finish_if_last_v4<IS_THREADS, IS_HD>(counters, t.task, S, part_o, part_ml, y, t.b, t.qi, Sq, N, t.h0, t.nh,
                          &s_flag, reinterpret_cast<float*>(sRing));
   (void)H;
   (void)lpk;

@@ -1,0 +1,387 @@
+// IndexShare attention on Hopper warpgroup MMA (wgmma): sm_90a, f16/bf16, head size 64 or
+// 128, one shared index row (index heads = 1).
+//
+// Same contract, arguments, task decode (is_decode_task), split-K partials and last-CTA
+// merge as is_attn_mma (index_share_mma.cu); only the per-tile math differs. The heads of
+// one kv group that share an index row are the wgmma M dimension: a CTA owns IS_MROWS (64
+// or 128) heads of one (batch, query, kv head) and one split of the selected keys.
+//
+// Why: the mma.sync path was latency-bound at ~2.3 us per 32 KB tile (8 warps per SM, ~64
+// dependent mma.sync + ldmatrix per warp per tile). Here a warpgroup issues 8 wgmma for
+// S = Q K^T and 4 x HB for O += P V per 64-key tile, asynchronously, from swizzled shared
+// memory that cp.async fills directly (no ldmatrix).
+//
+// Threads: IS_WGS consumer warpgroups (1 or 2), all of which also issue the copies.
+//   IS_MROWS = 64 * IS_WGS   the warpgroups split the heads (64 each) and share every tile;
+//   IS_MROWS = 64, IS_WGS 2  the warpgroups split each tile's keys (a tile is 128 keys, 64
+//                            per warpgroup) and merge their softmax states at the end in
+//                            warpgroup order (deterministic).
+// Pipeline: an ST-stage ring (ST a launch argument, as in is_attn_mma); per tile one
+// cp.async.wait_group, a proxy fence and one __syncthreads, then the copy of tile t+ST-1
+// into the stage of tile t-1 is issued, then S (wgmma, wait), softmax in registers (a quad
+// of lanes holds a row), O += P V (wgmma, A = P from registers, B = V N-major), wait.
+// Masked columns (padding, a poisoned replay's negative index) are zero-filled without a
+// read and score -inf; every gathered key was clamped by is_stage_keys.
+//
+// Shared memory (from a 1024-byte aligned base; index_share._wg_smem mirrors it): Q as HB
+// 64-channel blocks of [MROWS][128 B] in the 128-byte swizzle (chunk c of row r at c ^ (r & 7)),
+// then ST stages of (K tile, V tile), each HB blocks of [KT][128 B], then s_key[cps] ints.
+// After the loop the ring holds the warpgroup merge and the split finish's weights.
+//
+// Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_WGS (1 or 2), IS_MROWS (64 or
+// 128, at most 64 * IS_WGS).
+#include "index_share_mma.cuh"
+
+#ifndef IS_HD
+#define IS_HD 128
+#endif
+#ifndef IS_WGS
+#define IS_WGS 1
+#endif
+#ifndef IS_MROWS
+#define IS_MROWS 64
+#endif
+#if IS_DTYPE == 1
+#define NXRT_WG_AB "f16.f16"
+#else
+#define NXRT_WG_AB "bf16.bf16"
+#endif
+#include "wgmma.cuh"
+
+#define IS_THREADS (128 * IS_WGS)
+#define IS_RWG (IS_MROWS / 64)       // warpgroups along heads
+#define IS_KWG (IS_WGS / IS_RWG)     // warpgroups along each tile's keys
+#define IS_KT (64 * IS_KWG)          // keys per tile (ring stage)
+#define IS_HB (IS_HD / 64)           // 64-channel blocks per row
+#define IS_CPR (IS_HD / 8)           // 16-byte chunks per row
+#define IS_QBLK (IS_MROWS * 128)     // bytes of one 64-channel block of Q
+#define IS_TBLK (IS_KT * 128)        // bytes of one 64-channel block of a K or V tile
+#define IS_QBYTES (IS_HB * IS_QBLK)
+#define IS_TBYTES (IS_HB * IS_TBLK)  // one K (or V) tile
+#define IS_STAGE_BYTES (2 * IS_TBYTES)
+#define IS_SSTEP (IS_THREADS / IS_CPR)  // row slots one pass of the threads copies
+#define IS_RPT (IS_KT / IS_SSTEP)        // row slots per thread per tile (K and V each)
+#define IS_MAX_STAGES 8
+
+static_assert(IS_DTYPE == 1 || IS_DTYPE == 2, "wgmma takes f16 or bf16");
+static_assert(IS_HD == 64 || IS_HD == 128, "IS_HD must be 64 or 128");
+static_assert(IS_WGS == 1 || IS_WGS == 2, "one or two warpgroups");
+static_assert(IS_MROWS == 64 || IS_MROWS == 128, "IS_MROWS must be 64 or 128");
+static_assert(IS_RWG >= 1 && IS_RWG <= IS_WGS && IS_WGS % IS_RWG == 0, "rows per warpgroup");
+static_assert(IS_KT % IS_SSTEP == 0, "whole rows per thread pass");
+static_assert(IS_QBLK % 1024 == 0 && IS_TBLK % 1024 == 0, "swizzle atoms are 1024 bytes");
+
+namespace {
+
+__device__ __forceinline__ unsigned is_smem_u32(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ float is_quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(IS_FULL, v, 1));
+  return fmaxf(v, __shfl_xor_sync(IS_FULL, v, 2));
+}
+
+__device__ __forceinline__ float is_quad_sum(float v) {
+  v += __shfl_xor_sync(IS_FULL, v, 1);
+  return v + __shfl_xor_sync(IS_FULL, v, 2);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
+    const is_t* __restrict__ q, const is_t* __restrict__ k0, const is_t* __restrict__ v0,
+    const is_t* __restrict__ k1, const is_t* __restrict__ v1, const void* __restrict__ idx,
+    const is_t* __restrict__ bias, is_t* __restrict__ y, float* __restrict__ part_o,
+    float* __restrict__ part_ml, unsigned* __restrict__ counters, unsigned* __restrict__ latch,
+    const int* __restrict__ valid_len, long long bsb, long long bsh, long long bsq,
+    long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K,
+    int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,
+    int stages, float scale_log2) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int ST = stages < 2 ? 2 : (stages > IS_MAX_STAGES ? IS_MAX_STAGES : stages);
+  {
+    // A launch with less dynamic shared memory than this layout would write past the end.
+    unsigned dyn;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+    if ((long long)dyn < 1024 + IS_QBYTES + (long long)ST * IS_STAGE_BYTES + (long long)cps * 4)
+      return;
+  }
+  // The swizzle repeats every 1024 bytes and the descriptors assume atoms on such a boundary.
+  unsigned char* smem = smem_raw + ((1024u - (is_smem_u32(smem_raw) & 1023u)) & 1023u);
+  const unsigned sbase = is_smem_u32(smem);
+  unsigned char* sRing = smem + IS_QBYTES;
+  int* s_key = reinterpret_cast<int*>(sRing + ST * IS_STAGE_BYTES);
+  __shared__ int s_live, s_flag, s_hole;
+
+  const IsTask t = is_decode_task(Sq, G, U, HBK, shared_idx, S, IS_MROWS);
+  const int Nkv = N / G;
+  const long long bh = t.b * Nkv + t.kvh;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wg = warp >> 2, wq = warp & 3;
+  const int rw = wg % IS_RWG, kw = wg / IS_RWG;  // this warpgroup's head block and key half
+  const int g = lane >> 2, tq = lane & 3;
+
+  // Q rows of this head block (rows past nh zero-filled; their results are dropped), issued
+  // first so their latency overlaps the index staging.
+  for (int i = tid; i < IS_MROWS * IS_CPR; i += IS_THREADS) {
+    const int r = i / IS_CPR, ch = i - r * IS_CPR;
+    const is_t* src = q + ((t.b * N + t.h0 + (r < t.nh ? r : 0)) * (long long)Sq + t.qi) * IS_HD;
+    is_cp_async16(smem + sw_off(r, ch, IS_QBLK), src + ch * 8, r < t.nh ? 16 : 0);
+  }
+  is_cp_async_commit();
+
+  const int c_begin = t.s * cps;
+  const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+  const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K;
+  const int vbound = (latch && valid_len) ? valid_len[t.b] : bound;
+  if (tid == 0) s_hole = 0;  // ordered before the writes below by the staging's first barrier
+  const int live = is_stage_keys(idx, irow, idx64, c_begin, ncols, bound, s_key, &s_live, latch,
+                                 vbound);
+
+  // Thread tid copies chunk ch2 of row slots s2_0 + j * IS_SSTEP of every tile, K and V.
+  const int ch2 = tid % IS_CPR, s2_0 = tid / IS_CPR;
+  const long long base0 = bh * (long long)len0, base1 = bh * (long long)len1 - len0;
+  auto issue = [&](int tile, int st) {
+    unsigned char* dK = sRing + st * IS_STAGE_BYTES;
+    int key[IS_RPT];
+#pragma unroll
+    for (int j = 0; j < IS_RPT; ++j) {  // every key read before any copy is issued
+      const int col = tile * IS_KT + s2_0 + j * IS_SSTEP;
+      key[j] = col < live ? s_key[col] : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < IS_RPT; ++j) {
+      const int kj = key[j];
+      const bool ok = kj >= 0;
+      const bool seg1 = kj >= len0;
+      const long long off = ((seg1 ? base1 : base0) + (ok ? kj : 0)) * IS_HD + ch2 * 8;
+      const is_t* ks = ok ? (seg1 ? k1 : k0) + off : k0;
+      const is_t* vs = ok ? (seg1 ? v1 : v0) + off : v0;
+      const unsigned o = sw_off(s2_0 + j * IS_SSTEP, ch2, IS_TBLK);
+      is_cp_async16(dK + o, ks, ok ? 16 : 0);
+      is_cp_async16(dK + IS_TBYTES + o, vs, ok ? 16 : 0);
+    }
+  };
+
+  // Prologue: tiles 0 .. ST-2 in flight (one commit group each, empty past the end).
+  const int ntiles = (live + IS_KT - 1) / IS_KT;
+  for (int p = 0; p < ST - 1; ++p) {
+    if (p < ntiles) issue(p, p);
+    is_cp_async_commit();
+  }
+  // A masked column below `live` (only a poisoned row has one: valid rows pad at the end)
+  // sends every tile down the checked score path. Read after the first tile's barrier.
+  for (int i = tid; i < live; i += IS_THREADS)
+    if (s_key[i] < 0) s_hole = 1;  // racing stores of the same value
+
+  // O[row, 64 qb + 8 j + 2 tq + (e & 1)] of row x = e >> 1 (g or g + 8 of the warp's 16).
+  float o[IS_HB][32];
+#pragma unroll
+  for (int qb = 0; qb < IS_HB; ++qb)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
+  float m_run[2] = {is_neg_inf(), is_neg_inf()};  // log2 domain
+  float l_run[2] = {0.f, 0.f};                    // this lane's share of the row sums
+  const int row0 = 64 * rw + 16 * wq + g;         // CTA-local head rows row0 and row0 + 8
+  const unsigned qa = sbase + 64 * rw * 128;      // this warpgroup's 64 Q rows
+  int cst = 0, ist = ST - 1;                      // ring stages consumed / refilled next
+
+  for (int tile = 0; tile < ntiles; ++tile) {
+    // Q and tiles 0..tile have landed (for this thread): the newest ST-2 groups may pend.
+    is_cp_async_wait_dyn(ST - 2);
+    fence_proxy_async();  // this thread's cp.async writes, visible to wgmma (async proxy)
+    // Everyone's copies of this tile are visible, and every warpgroup waited on its wgmma of
+    // tile - 1, whose stage is refilled next.
+    __syncthreads();
+    {
+      const int nxt = tile + ST - 1;
+      if (nxt < ntiles) issue(nxt, ist);
+      ist = ist + 1 == ST ? 0 : ist + 1;
+      is_cp_async_commit();
+    }
+    const unsigned sK = sbase + IS_QBYTES + cst * IS_STAGE_BYTES + kw * 64 * 128;
+    const unsigned sV = sK + IS_TBYTES;
+    cst = cst + 1 == ST ? 0 : cst + 1;
+
+    // ---- S = Q K^T, 64 heads x this warpgroup's 64 keys, K = head size in 16-channel steps.
+    float s[32];
+#pragma unroll
+    for (int i = 0; i < 32; ++i) s[i] = 0.f;
+    fence_regs(s);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < IS_HD / 16; ++ks) {
+      const unsigned qoff = (ks >> 2) * IS_QBLK + (ks & 3) * 32;
+      const unsigned koff = (ks >> 2) * IS_TBLK + (ks & 3) * 32;
+      wg_ss(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024), ks > 0 ? 1 : 0);
+    }
+    wg_commit();
+    wg_wait0();
+    fence_regs(s);
+
+    // ---- Scores (log2 domain); s[4 j + e] is column kc + 8 j + 2 tq + (e & 1), row e >> 1.
+    const int kc = tile * IS_KT + 64 * kw;  // this warpgroup's first column of the tile
+    float tmax[2] = {is_neg_inf(), is_neg_inf()};
+    if (!has_bias && (tile + 1) * IS_KT <= live && !s_hole) {  // uniform: every key live
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        s[i] = __fmul_rn(s[i], scale_log2);
+        tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int x = (i >> 1) & 1;
+        const int col = kc + 8 * (i >> 2) + 2 * tq + (i & 1);
+        const int key = col < live ? s_key[col] : -1;
+        const int row = row0 + 8 * x;
+        float v = is_neg_inf();
+        if (key >= 0) {
+          v = __fmul_rn(s[i], scale_log2);
+          if (has_bias && row < t.nh)
+            v += is_to_f32(bias[t.b * bsb + (long long)(t.h0 + row) * bsh +
+                                (long long)t.qi * bsq + (long long)key * bsk]) * IS_LOG2E;
+        }
+        s[i] = v;
+        tmax[x] = fmaxf(tmax[x], v);
+      }
+    }
+    float muse[2], corr[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const float mn = fmaxf(m_run[x], is_quad_max(tmax[x]));
+      muse[x] = mn == is_neg_inf() ? 0.f : mn;  // keeps exp2(-inf - m) at 0, never NaN
+      corr[x] = exp2f(m_run[x] - muse[x]);
+      m_run[x] = mn;
+      l_run[x] = __fmul_rn(l_run[x], corr[x]);
+    }
+    // P = 2^(s - m) as the A operand of P V: k-step kk covers keys 16 kk .. +15; registers
+    // 0/2 row g (keys lo/hi 8), 1/3 row g + 8.
+    unsigned pa[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float p0 = exp2f(__fsub_rn(s[4 * j + 0], muse[0]));
+      const float p1 = exp2f(__fsub_rn(s[4 * j + 1], muse[0]));
+      const float p2 = exp2f(__fsub_rn(s[4 * j + 2], muse[1]));
+      const float p3 = exp2f(__fsub_rn(s[4 * j + 3], muse[1]));
+      l_run[0] = __fadd_rn(__fadd_rn(l_run[0], p0), p1);
+      l_run[1] = __fadd_rn(__fadd_rn(l_run[1], p2), p3);
+      pa[j >> 1][2 * (j & 1) + 0] = is_pack2(p0, p1);
+      pa[j >> 1][2 * (j & 1) + 1] = is_pack2(p2, p3);
+    }
+    if (__any_sync(IS_FULL, corr[0] != 1.f || corr[1] != 1.f)) {  // x * 1 is exact: skip
+#pragma unroll
+      for (int qb = 0; qb < IS_HB; ++qb)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[qb][4 * j + 0] *= corr[0];
+          o[qb][4 * j + 1] *= corr[0];
+          o[qb][4 * j + 2] *= corr[1];
+          o[qb][4 * j + 3] *= corr[1];
+        }
+    }
+
+    // ---- O += P V; V = the tile's rows of this warpgroup's keys, N-major (transposed B).
+#pragma unroll
+    for (int qb = 0; qb < IS_HB; ++qb) fence_regs(o[qb]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int qb = 0; qb < IS_HB; ++qb)
+        wg_rs(o[qb], pa[kk], desc_sw128(sV + qb * IS_TBLK + kk * (16 * 128), IS_TBLK, 1024));
+    wg_commit();
+    wg_wait0();
+#pragma unroll
+    for (int qb = 0; qb < IS_HB; ++qb) fence_regs(o[qb]);
+  }
+  is_cp_async_wait(0);  // only empty groups can be pending; the ring is reused below
+  __syncthreads();
+
+  float l_row[2];
+#pragma unroll
+  for (int x = 0; x < 2; ++x) l_row[x] = is_quad_sum(l_run[x]);
+
+#if IS_KWG > 1
+  // The key-half warpgroup (kw = 1) hands its state to kw = 0 through the ring (slot
+  // [value][thread of the warpgroup]: conflict-free), which merges it in registers.
+  {
+    constexpr int XS = IS_HB * 32 + 4;  // floats a thread hands over: O, m, l
+    float* s_x = reinterpret_cast<float*>(sRing) + rw * XS * 128;
+    const int tw = tid & 127;
+    if (kw == 1) {
+#pragma unroll
+      for (int qb = 0; qb < IS_HB; ++qb)
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s_x[(qb * 32 + i) * 128 + tw] = o[qb][i];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        s_x[(IS_HB * 32 + x) * 128 + tw] = m_run[x];
+        s_x[(IS_HB * 32 + 2 + x) * 128 + tw] = l_row[x];
+      }
+    }
+    __syncthreads();
+    if (kw == 0) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const float mo = s_x[(IS_HB * 32 + x) * 128 + tw];
+        const float lo = s_x[(IS_HB * 32 + 2 + x) * 128 + tw];
+        const float M = fmaxf(m_run[x], mo);
+        const float a = M == is_neg_inf() ? 0.f : exp2f(m_run[x] - M);  // -inf -> 0
+        const float bw = M == is_neg_inf() ? 0.f : exp2f(mo - M);
+        l_row[x] = __fmaf_rn(lo, bw, __fmul_rn(l_row[x], a));
+#pragma unroll
+        for (int qb = 0; qb < IS_HB; ++qb)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 2 * x; e < 2 * x + 2; ++e)
+              o[qb][4 * j + e] =
+                  __fmaf_rn(s_x[(qb * 32 + 4 * j + e) * 128 + tw], bw, __fmul_rn(o[qb][4 * j + e], a));
+        m_run[x] = M;
+      }
+    }
+  }
+#endif
+  if (kw == 0) {
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int row = row0 + 8 * x;
+      if (row >= t.nh) continue;
+      const float L = l_row[x];
+      if (S == 1) {
+        // Same rounding as is_store(O / L): divide, then round each value to IS_DTYPE.
+        is_t* yr = y + ((t.b * N + t.h0 + row) * (long long)Sq + t.qi) * IS_HD + 2 * tq;
+#pragma unroll
+        for (int qb = 0; qb < IS_HB; ++qb)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float O0 = o[qb][4 * j + 2 * x], O1 = o[qb][4 * j + 2 * x + 1];
+            *reinterpret_cast<unsigned*>(yr + 64 * qb + 8 * j) =
+                is_pack2(L > 0.f ? O0 / L : 0.f, L > 0.f ? O1 / L : 0.f);
+          }
+      } else {
+        const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + row, S, t.s);
+        float* po = part_o + prow * IS_HD + 2 * tq;
+#pragma unroll
+        for (int qb = 0; qb < IS_HB; ++qb)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<float2*>(po + 64 * qb + 8 * j) =
+                make_float2(o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
+        if (tq == 0) {
+          part_ml[prow * 2] = m_run[x];
+          part_ml[prow * 2 + 1] = L;
+        }
+      }
+    }
+  }
+  // The ring is free for the finish's weights (the merge above is fenced by its barrier).
+  if (S > 1 && counters)
+    is_finish_if_last_v4<IS_THREADS, IS_HD>(counters, t.task, S, part_o, part_ml, y, t.b, t.qi,
+                                            Sq, N, t.h0, t.nh, &s_flag,
+                                            reinterpret_cast<float*>(sRing));
+  (void)H;
+  (void)lpk;
+}
