@@ -95,7 +95,7 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 #: Tensor-core warp layouts (WM warps along heads x WN along each tile's keys) with builds.
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
-PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows")
+PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap")
 #: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
 #: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
 #: between the two warpgroups of one 64-head block.
@@ -125,10 +125,11 @@ def _mma_variant(dt: DataType, hd: int, wm: int, wn: int, pipe: int = 1) -> Vari
     return Variant("index_share_mma.cu", ("is_attn_mma",), defines)
 
 
-def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int) -> Variant:
-    return Variant("index_share_wg.cu", ("is_attn_wg",),
-                   {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WGS": wgs, "IS_MROWS": mrows},
-                   min_arch=90, arch_suffix="a")
+def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0) -> Variant:
+    defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WGS": wgs, "IS_MROWS": mrows}
+    if overlap:
+        defines["IS_OVERLAP"] = 1
+    return Variant("index_share_wg.cu", ("is_attn_wg",), defines, min_arch=90, arch_suffix="a")
 
 
 def compile_variants() -> list[Variant]:
@@ -143,7 +144,8 @@ def compile_variants() -> list[Variant]:
     for dt in (DataType.FLOAT16, DataType.BFLOAT16):
         out += [_mma_variant(dt, hd, wm, wn, pipe) for hd in (64, 128)
                 for wm, wn in MMA_LAYOUTS for pipe in MMA_PIPES]
-        out += [_wg_variant(dt, hd, wgs, mrows) for hd in (64, 128) for wgs, mrows in WG_LAYOUTS]
+        out += [_wg_variant(dt, hd, wgs, mrows, ov) for hd in (64, 128)
+                for wgs, mrows in WG_LAYOUTS for ov in (0, 1)]
     return out
 
 
@@ -187,7 +189,8 @@ class _Plan:
         return {"splits": self.splits, "wm": d.get("IS_WM"), "wn": d.get("IS_WN"),
                 "stages": self.stages, "merge": self.merge,
                 "pipe": d.get("IS_PIPE", 1) if self.path == "mma" else None,
-                "wgs": d.get("IS_WGS"), "mrows": d.get("IS_MROWS")}
+                "wgs": d.get("IS_WGS"), "mrows": d.get("IS_MROWS"),
+                "overlap": d.get("IS_OVERLAP", 0) if self.path == "wg" else None}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -294,8 +297,12 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                               f"choose one of {WG_LAYOUTS}")
         col_align, max_cps = 64 * (wgs // (mrows // 64)), 2048
         cps_hi = min(max_cps, _round_up(g.width, col_align))
+        overlap = int(knobs.get("overlap", 0))
+        if overlap not in (0, 1):
+            raise KernelError(f"{OP}: overlap={overlap} must be 0 or 1")
         hpc, threads, lpk = mrows, 128 * wgs, 0
-        variant, entry = _wg_variant(dt, h, wgs, mrows), "is_attn_wg"
+        variant, entry = _wg_variant(dt, h, wgs, mrows, overlap), "is_attn_wg"
+        min_st = 3 if overlap else 2  # the overlapped loop waits one tile further ahead
         # One warpgroup: two CTAs per SM where two fit (one's softmax overlaps the other's
         # wgmma); two warpgroups: one CTA with the deepest ring.
         per_sm = 2 if wgs == 1 else 1
@@ -303,11 +310,11 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
             budget = min(smem_max, smem_sm // per_sm - 1024)
             if "stages" in knobs:
                 stages = int(knobs["stages"])
-                if not 2 <= stages <= 8:
-                    raise KernelError(f"{OP}: stages={stages} must be in [2, 8]")
+                if not min_st <= stages <= 8:
+                    raise KernelError(f"{OP}: stages={stages} must be in [{min_st}, 8]")
             else:
                 stages = _MAX_STAGES
-                while stages > 2 and _wg_smem(h, wgs, mrows, stages, cps_hi) > budget:
+                while stages > min_st and _wg_smem(h, wgs, mrows, stages, cps_hi) > budget:
                     stages -= 1
             if per_sm == 1 or _wg_smem(h, wgs, mrows, stages, cps_hi) <= budget:
                 break

@@ -352,9 +352,10 @@ def _wg_device(rt) -> bool:
 @pytest.mark.parametrize("shape", ["decode-g64", "decode-g128-bias", "prefill-g96-f16-h64"])
 def test_wg_plans_agree(rt, ledger, rng, shape):
     """The wgmma path (sm_90a): every layout (heads split across warpgroups, keys split
-    across warpgroups, one warpgroup), ring depth, split count and split merge matches the
-    reference; plans with the same layout and splits give the same bits whatever the depth
-    or the merge; repeated runs are bitwise equal; it is the default where it applies."""
+    across warpgroups, one warpgroup), ring depth, split count, split merge and loop
+    (plain or overlapped) matches the reference; plans with the same layout and splits give
+    the same bits whatever the depth, merge or loop; repeated runs are bitwise equal; it is
+    the default where it applies."""
     if not _wg_device(rt):
         pytest.skip("the wgmma path needs an sm_90 device")
     dt, h, bias = BF16, 128, None
@@ -377,7 +378,11 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              {"splits": 3, "merge": "kernel", "stages": 3},
              {"wgs": 1, "mrows": 64}, {"wgs": 1, "mrows": 64, "splits": 4},
              {"wgs": 2, "mrows": 64}, {"wgs": 2, "mrows": 64, "splits": 2},
-             {"wgs": 2, "mrows": 128}, {"wgs": 2, "mrows": 128, "splits": 5}]
+             {"wgs": 2, "mrows": 128}, {"wgs": 2, "mrows": 128, "splits": 5},
+             # The overlapped loop (IS_OVERLAP): the same arithmetic, so the same bits.
+             {"overlap": 1}, {"overlap": 1, "wgs": 1, "mrows": 64, "stages": 3},
+             {"overlap": 1, "wgs": 2, "mrows": 64, "splits": 2},
+             {"overlap": 1, "wgs": 2, "mrows": 128, "splits": 5, "merge": "kernel"}]
     got = {}
     try:
         kern.plan_override = None

@@ -29,7 +29,9 @@
 // After the loop the ring holds the warpgroup merge and the split finish's weights.
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_WGS (1 or 2), IS_MROWS (64 or
-// 128, at most 64 * IS_WGS).
+// 128, at most 64 * IS_WGS), IS_OVERLAP (0: the loop above; 1: FA3's intra-warpgroup
+// pipelining, S(t+1) issued before P(t) V(t) so softmax(t+1) overlaps the tensor cores;
+// needs a ring of >= 3 stages).
 #include "index_share_mma.cuh"
 
 #ifndef IS_HD
@@ -40,6 +42,9 @@
 #endif
 #ifndef IS_MROWS
 #define IS_MROWS 64
+#endif
+#ifndef IS_OVERLAP
+#define IS_OVERLAP 0
 #endif
 #if IS_DTYPE == 1
 #define NXRT_WG_AB "f16.f16"
@@ -185,49 +190,47 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
   float l_run[2] = {0.f, 0.f};                    // this lane's share of the row sums
   const int row0 = 64 * rw + 16 * wq + g;         // CTA-local head rows row0 and row0 + 8
   const unsigned qa = sbase + 64 * rw * 128;      // this warpgroup's 64 Q rows
-  int cst = 0, ist = ST - 1;                      // ring stages consumed / refilled next
+  const unsigned sRing0 = sbase + IS_QBYTES + kw * 64 * 128;  // + stage: this WG's K rows
 
-  for (int tile = 0; tile < ntiles; ++tile) {
-    // Q and tiles 0..tile have landed (for this thread): the newest ST-2 groups may pend.
-    is_cp_async_wait_dyn(ST - 2);
-    fence_proxy_async();  // this thread's cp.async writes, visible to wgmma (async proxy)
-    // Everyone's copies of this tile are visible, and every warpgroup waited on its wgmma of
-    // tile - 1, whose stage is refilled next.
-    __syncthreads();
-    {
-      const int nxt = tile + ST - 1;
-      if (nxt < ntiles) issue(nxt, ist);
-      ist = ist + 1 == ST ? 0 : ist + 1;
-      is_cp_async_commit();
-    }
-    const unsigned sK = sbase + IS_QBYTES + cst * IS_STAGE_BYTES + kw * 64 * 128;
-    const unsigned sV = sK + IS_TBYTES;
-    cst = cst + 1 == ST ? 0 : cst + 1;
-
-    // ---- S = Q K^T, 64 heads x this warpgroup's 64 keys, K = head size in 16-channel steps.
-    float s[32];
+  // S = Q K^T for this warpgroup's 64 heads x 64 keys of the tile in `stage` (issued only).
+  auto issue_s = [&](float (&sc)[32], int stage) {
+    const unsigned sK = sRing0 + stage * IS_STAGE_BYTES;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) s[i] = 0.f;
-    fence_regs(s);
+    for (int i = 0; i < 32; ++i) sc[i] = 0.f;
+    fence_regs(sc);
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < IS_HD / 16; ++ks) {
       const unsigned qoff = (ks >> 2) * IS_QBLK + (ks & 3) * 32;
       const unsigned koff = (ks >> 2) * IS_TBLK + (ks & 3) * 32;
-      wg_ss(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024), ks > 0 ? 1 : 0);
+      wg_ss(sc, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024), ks > 0 ? 1 : 0);
     }
     wg_commit();
-    wg_wait0();
-    fence_regs(s);
-
-    // ---- Scores (log2 domain); s[4 j + e] is column kc + 8 j + 2 tq + (e & 1), row e >> 1.
+  };
+  // O += P V with P from registers and V = the tile's rows in `stage`, N-major (issued only).
+  auto issue_pv = [&](const unsigned (&pa)[4][4], int stage) {
+    const unsigned sV = sRing0 + stage * IS_STAGE_BYTES + IS_TBYTES;
+#pragma unroll
+    for (int qb = 0; qb < IS_HB; ++qb) fence_regs(o[qb]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int qb = 0; qb < IS_HB; ++qb)
+        wg_rs(o[qb], pa[kk], desc_sw128(sV + qb * IS_TBLK + kk * (16 * 128), IS_TBLK, 1024));
+    wg_commit();
+  };
+  // Online softmax of tile `tile` in place: raw scores become P = 2^(logit - m) (f32);
+  // m_run and l_run advance; corr gets the factor O must take before the next P V.
+  // sc[4 j + e] is column kc + 8 j + 2 tq + (e & 1) of row x = e >> 1.
+  auto softmax = [&](float (&sc)[32], int tile, float (&corr)[2]) {
     const int kc = tile * IS_KT + 64 * kw;  // this warpgroup's first column of the tile
     float tmax[2] = {is_neg_inf(), is_neg_inf()};
     if (!has_bias && (tile + 1) * IS_KT <= live && !s_hole) {  // uniform: every key live
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
-        s[i] = __fmul_rn(s[i], scale_log2);
-        tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
+        sc[i] = __fmul_rn(sc[i], scale_log2);
+        tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], sc[i]);
       }
     } else {
 #pragma unroll
@@ -238,16 +241,16 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
         const int row = row0 + 8 * x;
         float v = is_neg_inf();
         if (key >= 0) {
-          v = __fmul_rn(s[i], scale_log2);
+          v = __fmul_rn(sc[i], scale_log2);
           if (has_bias && row < t.nh)
             v += is_to_f32(bias[t.b * bsb + (long long)(t.h0 + row) * bsh +
                                 (long long)t.qi * bsq + (long long)key * bsk]) * IS_LOG2E;
         }
-        s[i] = v;
+        sc[i] = v;
         tmax[x] = fmaxf(tmax[x], v);
       }
     }
-    float muse[2], corr[2];
+    float muse[2];
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
       const float mn = fmaxf(m_run[x], is_quad_max(tmax[x]));
@@ -256,20 +259,24 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
       m_run[x] = mn;
       l_run[x] = __fmul_rn(l_run[x], corr[x]);
     }
-    // P = 2^(s - m) as the A operand of P V: k-step kk covers keys 16 kk .. +15; registers
-    // 0/2 row g (keys lo/hi 8), 1/3 row g + 8.
-    unsigned pa[4][4];
+#pragma unroll
+    for (int i = 0; i < 32; i += 2) {
+      const int x = (i >> 1) & 1;
+      sc[i] = exp2f(__fsub_rn(sc[i], muse[x]));
+      sc[i + 1] = exp2f(__fsub_rn(sc[i + 1], muse[x]));
+      l_run[x] = __fadd_rn(__fadd_rn(l_run[x], sc[i]), sc[i + 1]);
+    }
+  };
+  // P as the A operand of P V: k-step kk covers keys 16 kk .. +15; registers 0/2 row g
+  // (keys lo/hi 8), 1/3 row g + 8.
+  auto pack = [&](unsigned (&pa)[4][4], const float (&sc)[32]) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float p0 = exp2f(__fsub_rn(s[4 * j + 0], muse[0]));
-      const float p1 = exp2f(__fsub_rn(s[4 * j + 1], muse[0]));
-      const float p2 = exp2f(__fsub_rn(s[4 * j + 2], muse[1]));
-      const float p3 = exp2f(__fsub_rn(s[4 * j + 3], muse[1]));
-      l_run[0] = __fadd_rn(__fadd_rn(l_run[0], p0), p1);
-      l_run[1] = __fadd_rn(__fadd_rn(l_run[1], p2), p3);
-      pa[j >> 1][2 * (j & 1) + 0] = is_pack2(p0, p1);
-      pa[j >> 1][2 * (j & 1) + 1] = is_pack2(p2, p3);
+      pa[j >> 1][2 * (j & 1) + 0] = is_pack2(sc[4 * j + 0], sc[4 * j + 1]);
+      pa[j >> 1][2 * (j & 1) + 1] = is_pack2(sc[4 * j + 2], sc[4 * j + 3]);
     }
+  };
+  auto rescale = [&](const float (&corr)[2]) {
     if (__any_sync(IS_FULL, corr[0] != 1.f || corr[1] != 1.f)) {  // x * 1 is exact: skip
 #pragma unroll
       for (int qb = 0; qb < IS_HB; ++qb)
@@ -281,21 +288,69 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
           o[qb][4 * j + 3] *= corr[1];
         }
     }
+  };
+  // Tile `tile` landed for every thread and is visible to wgmma; then the copy of tile
+  // tile + ST - 1 goes into the stage of tile - 1, which every warpgroup has retired.
+  // Committed groups: Q, then one per tile (empty past the end), so tile m is group m + 1.
+  auto arrive = [&](int tile, int pending) {
+    is_cp_async_wait_dyn(pending);
+    fence_proxy_async();  // this thread's cp.async writes, visible to wgmma (async proxy)
+    __syncthreads();
+    const int nxt = tile + ST - 1;
+    if (nxt < ntiles) issue(nxt, nxt % ST);
+    is_cp_async_commit();
+  };
 
-    // ---- O += P V; V = the tile's rows of this warpgroup's keys, N-major (transposed B).
+  float s[32], corr[2];
+  unsigned pa[4][4];
+#if IS_OVERLAP
+  // FA3's intra-warpgroup pipelining: S(t+1) is issued before P(t) V(t), and softmax(t+1)
+  // runs while the tensor cores still do P(t) V(t). Needs ST >= 3 (the host clamps): the
+  // wait for tile t+1 leaves one group less pending than the plain loop's.
+  if (ntiles > 0) {
+    arrive(0, ST - 2);  // tile 0 (group 1 of ST committed)
+    issue_s(s, 0);
+    wg_wait0();
+    fence_regs(s);
+    softmax(s, 0, corr);
+    pack(pa, s);
+  }
+  for (int tile = 0; tile + 1 < ntiles; ++tile) {
+    arrive(tile + 1, ST - 3);  // tile + 1: groups 0 .. ST + tile - 1 committed before
+    issue_s(s, (tile + 1) % ST);
+    rescale(corr);  // O is no wgmma's accumulator now: P(t-1) V(t-1) was retired
+    issue_pv(pa, tile % ST);
+    wg_wait1();  // S(t+1) retired (groups retire in order); P(t) V(t) may still run
+    fence_regs(s);
+    softmax(s, tile + 1, corr);
+    wg_wait0();
 #pragma unroll
     for (int qb = 0; qb < IS_HB; ++qb) fence_regs(o[qb]);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int qb = 0; qb < IS_HB; ++qb)
-        wg_rs(o[qb], pa[kk], desc_sw128(sV + qb * IS_TBLK + kk * (16 * 128), IS_TBLK, 1024));
-    wg_commit();
+    fence_regs(s);
+    pack(pa, s);  // P(t) was wgmma input until the wait above
+  }
+  if (ntiles > 0) {
+    rescale(corr);
+    issue_pv(pa, (ntiles - 1) % ST);
     wg_wait0();
 #pragma unroll
     for (int qb = 0; qb < IS_HB; ++qb) fence_regs(o[qb]);
   }
+#else
+  for (int tile = 0; tile < ntiles; ++tile) {
+    arrive(tile, ST - 2);  // Q and tiles 0..tile landed: the newest ST - 2 groups may pend
+    issue_s(s, tile % ST);
+    wg_wait0();
+    fence_regs(s);
+    softmax(s, tile, corr);
+    pack(pa, s);
+    rescale(corr);
+    issue_pv(pa, tile % ST);
+    wg_wait0();
+#pragma unroll
+    for (int qb = 0; qb < IS_HB; ++qb) fence_regs(o[qb]);
+  }
+#endif
   is_cp_async_wait(0);  // only empty groups can be pending; the ring is reused below
   __syncthreads();
 
