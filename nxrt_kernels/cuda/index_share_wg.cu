@@ -289,16 +289,18 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
         }
     }
   };
-  // Tile `tile` landed for every thread and is visible to wgmma; then the copy of tile
-  // tile + ST - 1 goes into the stage of tile - 1, which every warpgroup has retired.
+  // Wait until at most `pending` copy groups of this thread are in flight, make every
+  // thread's copies visible to wgmma, then (nxt >= 0) copy tile nxt into stage nxt % ST,
+  // which the caller guarantees every warpgroup has retired (the stage of tile nxt - ST).
   // Committed groups: Q, then one per tile (empty past the end), so tile m is group m + 1.
-  auto arrive = [&](int tile, int pending) {
+  auto arrive = [&](int pending, int nxt) {
     is_cp_async_wait_dyn(pending);
     fence_proxy_async();  // this thread's cp.async writes, visible to wgmma (async proxy)
     __syncthreads();
-    const int nxt = tile + ST - 1;
-    if (nxt < ntiles) issue(nxt, nxt % ST);
-    is_cp_async_commit();
+    if (nxt >= 0) {
+      if (nxt < ntiles) issue(nxt, nxt % ST);
+      is_cp_async_commit();
+    }
   };
 
   float s[32], corr[2];
@@ -308,7 +310,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
   // runs while the tensor cores still do P(t) V(t). Needs ST >= 3 (the host clamps): the
   // wait for tile t+1 leaves one group less pending than the plain loop's.
   if (ntiles > 0) {
-    arrive(0, ST - 2);  // tile 0 (group 1 of ST committed)
+    // Tile 0 (group 1; groups 0 .. ST - 1 committed); stage ST - 1 was never filled: tile
+    // ST - 1 goes there (group ST).
+    arrive(ST - 2, ST - 1);
     issue_s(s, 0);
     wg_wait0();
     fence_regs(s);
@@ -316,7 +320,10 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
     pack(pa, s);
   }
   for (int tile = 0; tile + 1 < ntiles; ++tile) {
-    arrive(tile + 1, ST - 3);  // tile + 1: groups 0 .. ST + tile - 1 committed before
+    // Tile + 1 (group tile + 2; groups 0 .. ST + tile - 1 committed, ST at tile 0, where
+    // this waits one group more than needed). Stages of tiles tile and tile + 1 are read
+    // now; tile - 1's is free from tile 1 on: it takes tile + ST - 1.
+    arrive(ST - 3, tile >= 1 ? tile + ST - 1 : -1);
     issue_s(s, (tile + 1) % ST);
     rescale(corr);  // O is no wgmma's accumulator now: P(t-1) V(t-1) was retired
     issue_pv(pa, tile % ST);
@@ -338,7 +345,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
   }
 #else
   for (int tile = 0; tile < ntiles; ++tile) {
-    arrive(tile, ST - 2);  // Q and tiles 0..tile landed: the newest ST - 2 groups may pend
+    // Q and tiles 0..tile landed (the newest ST - 2 groups may pend); the stage of tile - 1
+    // (retired) takes tile + ST - 1.
+    arrive(ST - 2, tile + ST - 1);
     issue_s(s, tile % ST);
     wg_wait0();
     fence_regs(s);
