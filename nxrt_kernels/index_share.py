@@ -95,8 +95,7 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 #: Tensor-core warp layouts (WM warps along heads x WN along each tile's keys) with builds.
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
-PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap",
-              "prefetch")
+PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap")
 #: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
 #: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
 #: between the two warpgroups of one 64-head block.
@@ -104,8 +103,6 @@ WG_LAYOUTS = ((1, 64), (2, 64), (2, 128))
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
 WG_MIN_GROUP = 32
-#: Default L2 prefetch distance (tiles) of the wgmma path for decode-like calls.
-WG_PREFETCH = 2
 #: Tensor-core per-tile pipelines (IS_PIPE): 1 the first one, 2 the leaner issue/score path
 #: (same bits; see cuda/index_share_mma.cu). ``_DEFAULT_PIPE`` is what the planner takes.
 MMA_PIPES = (1, 2)
@@ -173,7 +170,7 @@ class _Plan:
     tasks: int  # (batch, query, head block) tasks; each has `splits` CTAs
     splits: int
     cps: int  # columns per split
-    lpk: int  # lanes per key (simt); the wg kernel's L2 prefetch distance in tiles
+    lpk: int  # lanes per key (simt)
     stages: int  # tensor-core ring depth (0 for simt)
     per_sm: int  # CTAs per SM the plan was sized for
     merge: str  # "none" (one split) | "last" (the task's last CTA) | "kernel" (is_combine)
@@ -193,8 +190,7 @@ class _Plan:
                 "stages": self.stages, "merge": self.merge,
                 "pipe": d.get("IS_PIPE", 1) if self.path == "mma" else None,
                 "wgs": d.get("IS_WGS"), "mrows": d.get("IS_MROWS"),
-                "overlap": d.get("IS_OVERLAP", 0) if self.path == "wg" else None,
-                "prefetch": self.lpk if self.path == "wg" else None}
+                "overlap": d.get("IS_OVERLAP", 0) if self.path == "wg" else None}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -304,12 +300,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         overlap = int(knobs.get("overlap", 0))
         if overlap not in (0, 1):
             raise KernelError(f"{OP}: overlap={overlap} must be 0 or 1")
-        # L2 prefetch distance (tiles past each refill): decode streams its rows from DRAM
-        # and the ring alone keeps too few bytes in flight; prefill rows mostly hit L2.
-        lpk = int(knobs.get("prefetch", WG_PREFETCH if g.batch * g.q_len < 4 * sm_count else 0))
-        if not 0 <= lpk <= 16:
-            raise KernelError(f"{OP}: prefetch={lpk} must be in [0, 16]")
-        hpc, threads = mrows, 128 * wgs
+        hpc, threads, lpk = mrows, 128 * wgs, 0
         variant, entry = _wg_variant(dt, h, wgs, mrows, overlap), "is_attn_wg"
         min_st = 3 if overlap else 2  # the overlapped loop waits one tile further ahead
         # One warpgroup: two CTAs per SM where two fit (one's softmax overlaps the other's

@@ -49,15 +49,6 @@ TOL_BF16 = 1e-2
 VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ("decode", 64): [
         ("default", None),
-        ("wg:2x64-S2-pf0", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2, "prefetch": 0}),
-        ("wg:2x64-S2-pf1", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2, "prefetch": 1}),
-        ("wg:2x64-S2-pf3", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2, "prefetch": 3}),
-        ("wg:2x64-S2-pf5", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2, "prefetch": 5}),
-        ("wg:2x64-st2-S2-pf4", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 2,
-                                "prefetch": 4}),
-        ("wg:1x64-S4-pf4", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 4, "prefetch": 4}),
-        ("wg:1x64-st5-S2-pf4", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 5, "splits": 2,
-                                "prefetch": 4}),
         ("wg:2x64-S2", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2}),
         ("wg:2x64-S4", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 4}),
         ("wg:2x64-st2-S4", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 4}),
@@ -90,12 +81,6 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("decode", 128): [
         ("default", None),
-        ("wg:2x128-S2-pf0", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2, "prefetch": 0}),
-        ("wg:2x128-S2-pf4", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2, "prefetch": 4}),
-        ("wgo:2x128-S2-pf2", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2, "prefetch": 2,
-                              "overlap": 1}),
-        ("wgo:2x128-S2-pf4", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2, "prefetch": 4,
-                              "overlap": 1}),
         ("wg:2x128-S2", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2}),
         ("wg:2x128-S4", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 4}),
         ("wg:2x128-st3-S4", {"path": "wg", "wgs": 2, "mrows": 128, "stages": 3, "splits": 4}),
@@ -120,7 +105,6 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
         ("wg:2x64", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 1}),
         ("wg:2x64-st2", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 1}),
         ("wg:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1}),
-        ("wg:1x64-pf2", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "prefetch": 2}),
         ("wg:1x64-st4-1cta", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 4, "splits": 1}),
         ("wgo:1x64-st3", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 3, "splits": 1,
                           "overlap": 1}),
@@ -140,8 +124,6 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
         ("wg:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1}),
         ("wg:2x64", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 1}),
         ("wgo:2x128", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 1, "overlap": 1}),
-        ("wgo:2x128-pf2", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 1, "overlap": 1,
-                           "prefetch": 2}),
         ("wgo:1x64-st3", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 3, "splits": 1,
                           "overlap": 1}),
         ("p1:8x1-st5", {"wm": 8, "wn": 1, "stages": 5, "splits": 1, "pipe": 1}),
@@ -161,7 +143,6 @@ def shape_name(c: dict[str, Any]) -> str:
 def plan_text(p: dict[str, Any]) -> str:
     if p.get("path") == "wg":
         return (f"wg{'o' if p.get('overlap') else ''} {p['wgs']}x{p['mrows']} st{p['stages']} "
-                f"pf{p.get('prefetch')} "
                 f"S{p['splits']} {p['merge']} "
                 f"g{p['grid']} {p['smem'] // 1024}K")
     if p.get("path") != "mma":

@@ -28,10 +28,6 @@
 // then ST stages of (K tile, V tile), each HB blocks of [KT][128 B], then s_key[cps] ints.
 // After the loop the ring holds the warpgroup merge and the split finish's weights.
 //
-// L2 prefetch: the launch argument pf_tiles (the mma kernel's lanes-per-key slot) > 0 also
-// requests the rows of the tiles pf_tiles beyond each refill into L2 with
-// cp.async.bulk.prefetch (the ring's shared memory caps the bytes cp.async keeps in flight).
-//
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_WGS (1 or 2), IS_MROWS (64 or
 // 128, at most 64 * IS_WGS), IS_OVERLAP (0: the loop above; 1: FA3's intra-warpgroup
 // pipelining, S(t+1) issued before P(t) V(t) so softmax(t+1) overlaps the tensor cores;
@@ -105,7 +101,7 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
     float* __restrict__ part_ml, unsigned* __restrict__ counters, unsigned* __restrict__ latch,
     const int* __restrict__ valid_len, long long bsb, long long bsh, long long bsq,
     long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K,
-    int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int pf_tiles,
+    int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,
     int stages, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ST = stages < 2 ? 2 : (stages > IS_MAX_STAGES ? IS_MAX_STAGES : stages);
@@ -173,32 +169,12 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
     }
   };
 
+  // Prologue: tiles 0 .. ST-2 in flight (one commit group each, empty past the end).
   const int ntiles = (live + IS_KT - 1) / IS_KT;
-  const int ntiles_pf = pf_tiles > 0 ? ntiles : 0;
-  // L2 prefetch of tile `tile`'s K and V rows (one 16-byte-aligned bulk prefetch per row,
-  // no shared memory, no completion to wait for): the rows of pf_tiles tiles beyond the ring
-  // are requested from DRAM early, so more bytes are in flight than the ring can hold and the
-  // cp.async of those tiles later hits L2.
-  auto prefetch_tile = [&](int tile) {
-    if (tile >= ntiles_pf || tid >= 2 * IS_KT) return;
-    const int j = tid % IS_KT, which = tid / IS_KT;  // row slot, 0: K, 1: V
-    const int col = tile * IS_KT + j;
-    const int kj = col < live ? s_key[col] : -1;
-    if (kj < 0) return;
-    const bool seg1 = kj >= len0;
-    const is_t* src = (which ? (seg1 ? v1 : v0) : (seg1 ? k1 : k0)) +
-                      ((seg1 ? base1 : base0) + kj) * IS_HD;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(IS_HD * 2)
-                 : "memory");
-  };
-
-  // Prologue: tiles 0 .. ST-2 in flight (one commit group each, empty past the end), tiles
-  // ST-1 .. ST-2+pf_tiles prefetched; each later refill of tile m prefetches m + pf_tiles.
   for (int p = 0; p < ST - 1; ++p) {
     if (p < ntiles) issue(p, p);
     is_cp_async_commit();
   }
-  for (int p = ST - 1; p < ST - 1 + pf_tiles; ++p) prefetch_tile(p);
   // A masked column below `live` (only a poisoned row has one: valid rows pad at the end)
   // sends every tile down the checked score path. Read after the first tile's barrier.
   for (int i = tid; i < live; i += IS_THREADS)
@@ -324,7 +300,6 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
     if (nxt >= 0) {
       if (nxt < ntiles) issue(nxt, nxt % ST);
       is_cp_async_commit();
-      if (pf_tiles > 0) prefetch_tile(nxt + pf_tiles);
     }
   };
 
@@ -472,4 +447,5 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
                                             Sq, N, t.h0, t.nh, &s_flag,
                                             reinterpret_cast<float*>(sRing));
   (void)H;
+  (void)lpk;
 }
