@@ -290,14 +290,20 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     shared = g.index_heads == 1
     stages, per_sm = 0, 1
     if use_wg:
+        # Layout and loop (H200 sweep, benchmarks/NOTES.md): groups above 64 heads take one
+        # 128-head CTA (two warpgroups, the overlapped loop when many rows fill the GPU);
+        # 64-head blocks take two warpgroups splitting each tile's keys for decode (few
+        # rows: one CTA per SM with the deepest ring), one warpgroup for prefill (two CTAs
+        # per SM: 1.31 vs 1.52 ms at N 64, cache 8k).
+        many = g.batch * g.q_len * g.kv_heads >= 4 * sm_count
         mrows = int(knobs.get("mrows", 128 if g.group > 64 else 64))
-        wgs = int(knobs.get("wgs", 2))
+        wgs = int(knobs.get("wgs", 1 if (many and mrows == 64) else 2))
         if (wgs, mrows) not in WG_LAYOUTS:
             raise KernelError(f"{OP}: wgmma layout (wgs={wgs}, mrows={mrows}) has no build; "
                               f"choose one of {WG_LAYOUTS}")
         col_align, max_cps = 64 * (wgs // (mrows // 64)), 2048
         cps_hi = min(max_cps, _round_up(g.width, col_align))
-        overlap = int(knobs.get("overlap", 0))
+        overlap = int(knobs.get("overlap", 1 if (many and mrows == 128) else 0))
         if overlap not in (0, 1):
             raise KernelError(f"{OP}: overlap={overlap} must be 0 or 1")
         hpc, threads, lpk = mrows, 128 * wgs, 0
