@@ -134,9 +134,14 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     gbps = gathered_bytes(c) / ms / 1e6
     ceiling = ctx.ceilings.get("copy_GBps")
     kn = kern.last_plan.knobs
-    plan = (f"{kern.last_plan.path} {kn['wm']}x{kn['wn']} st{kn['stages']} S{kn['splits']} "
-            f"{kn['merge']}" if kern.last_plan.path == "mma" else
-            f"{kern.last_plan.path} S{kn['splits']} {kn['merge']}")
+    path = kern.last_plan.path
+    if path == "mma":
+        plan = f"mma{kn['wm']}x{kn['wn']} st{kn['stages']} S{kn['splits']}{kn['merge']}"
+    elif path == "wg":
+        plan = (f"wg{kn['wgs']}x{kn['mrows']}{' overlap' if kn['overlap'] else ''} "
+                f"st{kn['stages']} S{kn['splits']}{kn['merge']}")
+    else:
+        plan = f"{path} S{kn['splits']} {kn['merge']}"
     name = (f"bf16 {c['kind']} B{c['b']} Sq{c['sq']} N{c['n']} Nkv{c['nkv']} H{HEAD} "
             f"cache{c['cache'] // 1024}k top{TOPK} ({plan})")
     extra = dict(ms=round(ms, 4), peer_ms=round(tms, 4), deterministic=deterministic,
