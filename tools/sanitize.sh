@@ -17,6 +17,7 @@
 #                          then fit in about 8 minutes with the warm-up)
 #   COMPUTE_SANITIZER      path of compute-sanitizer (default: PATH, then the CUDA toolkit)
 #   NXRT_CACHE_DIR         compile cache (default: the one tools/gpu_check.sh uses)
+#   NXRT_COMMIT            commit recorded in sanitize.md (default: git rev-parse HEAD)
 # Exit status: 0 when every tool ran to the end with zero sanitizer errors and no failing
 # test; 1 otherwise; 2 when compute-sanitizer is not found.
 set -uo pipefail
@@ -168,8 +169,14 @@ for tool in $TOOLS; do
   esac
 done
 
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-dirty=$(git status --porcelain 2>/dev/null | grep -q . && echo " (uncommitted changes)" || true)
+# NXRT_COMMIT (as tools/bench.py): the commit of a copied tree that git cannot see.
+if [ -n "${NXRT_COMMIT:-}" ]; then
+  commit=${NXRT_COMMIT:0:7}
+  dirty=""
+else
+  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  dirty=$(git status --porcelain 2>/dev/null | grep -q . && echo " (uncommitted changes)" || true)
+fi
 gpu=$(python3 -c "import nxrt; r = nxrt.CudaRuntime(0); print(r.capabilities.name); r.close()" \
       2>/dev/null || echo unknown)
 {
