@@ -33,10 +33,15 @@ Kernels (``cuda/index_share_*.cu``): a CUDA-core path for every dtype and head s
 fixed order), and a tensor-core path for f16/bf16 with H in {64, 128} when >= 8 heads
 share an index row and a kv head (the group's heads form the MMA M dimension, so each
 gathered row is read once per CTA; a multi-stage cp.async ring keeps several tiles of rows
-in flight). Decode rows split the selected keys over CTAs until they fill the GPU; the
-task's last CTA merges the split partials in split order. Both paths are bitwise
-deterministic: fixed reduction orders, no floating-point atomics, and the plan depends
-only on shapes and the device.
+in flight). On sm_90 (Hopper) groups of >= ``WG_MIN_GROUP`` heads sharing an index row take
+a wgmma path instead (``cuda/index_share_wg.cu``, sm_90a): 64 heads per warpgroup as the
+wgmma M dimension, S = Q K^T and O += P V issued asynchronously straight from the swizzled
+cp.async ring; layouts (warpgroups, head rows) in ``WG_LAYOUTS`` and the knobs ``wgs``,
+``mrows``, ``overlap`` (FA3's intra-warpgroup pipelining); ``NXRT_INDEX_SHARE_WG=0`` turns it
+off. Decode rows split the selected keys over CTAs until they fill the GPU; the task's last
+CTA merges the split partials in split order. Every path is bitwise deterministic: fixed
+reduction orders, no floating-point atomics, and the plan depends only on shapes and the
+device.
 """
 
 from __future__ import annotations
@@ -522,8 +527,9 @@ def _gcd_width(*values: int) -> int:
 class IndexShareKernel:
     """One IndexShare node bound to a runtime (see the module docstring).
 
-    ``path_override`` (None, "simt" or "mma") pins the attention path, and
-    ``plan_override`` (a dict of ``PLAN_KNOBS``: splits, wm, wn, stages, merge, pipe) pins parts
+    ``path_override`` (None, "simt", "mma" or "wg") pins the attention path, and
+    ``plan_override`` (a dict of ``PLAN_KNOBS``: splits, wm, wn, stages, merge, pipe, wgs,
+    mrows, overlap) pins parts
     of the plan; tests, benchmarks and sweeps use them, the defaults pick the plan the
     planner predicts fastest. ``last_plan`` is the plan of the latest ``execute``.
     """

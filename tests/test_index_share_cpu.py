@@ -817,3 +817,91 @@ def test_emulated_mma_pipes_bitwise_equal(emu, rng, layout, bias):
         kern.close()
         _free(arrs)
     assert np.array_equal(got[1].view(np.uint16), got[2].view(np.uint16))
+
+
+# ---------------------------------------------------------------------------------------
+# the wgmma path's planning (pure: no GPU, no compile)
+# ---------------------------------------------------------------------------------------
+
+def _geom(n: int, nkv: int = 1, b: int = 64, sq: int = 1, k: int = 2048, h: int = 128,
+          dt: DataType = DataType.BFLOAT16, hi: int = 1):
+    from nxrt_kernels._ref_index_share import parse_attributes, resolve_geometry
+
+    past = 8191
+    shapes = [(b, n, sq, h), (b, nkv, sq, h), (b, nkv, sq, h), (b, nkv, past, h),
+              (b, nkv, past, h), (b, hi, sq, k)]
+    dts = [dt] * 5 + [DataType.INT32]
+    return resolve_geometry(parse_attributes(node(n, nkv)), shapes, dts, "none")
+
+
+def test_wg_plan_choice_and_layouts():
+    plan = index_share._plan
+    # Decode N64 (64 (batch, query) rows): two warpgroups splitting each tile's keys.
+    p = plan(_geom(64), 132, True, None, False, wg_arch=True)
+    assert (p.path, p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == ("wg", 2, 64, 0)
+    assert p.threads == 256 and p.heads_per_cta == 64 and p.splits >= 2
+    assert p.smem <= 227 * 1024 and p.stages >= 2
+    assert p.smem == index_share._wg_smem(128, 2, 64, p.stages, p.cps)
+    # Prefill N64 (4096 rows): one warpgroup, two CTAs per SM.
+    p = plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True)
+    assert (p.path, p.knobs["wgs"], p.per_sm, p.splits) == ("wg", 1, 2, 1)
+    assert 2 * (p.smem + 1024) <= 228 * 1024
+    # N128: one 128-head CTA; prefill takes the overlapped loop (which needs >= 3 stages).
+    p = plan(_geom(128), 132, True, None, False, wg_arch=True)
+    assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == (2, 128, 0)
+    p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, wg_arch=True)
+    assert (p.knobs["mrows"], p.knobs["overlap"]) == (128, 1) and p.stages >= 3
+    # Groups of 96 heads: one 128-row block (rows past 96 are dropped); 48: one 64-row block.
+    assert plan(_geom(96), 132, True, None, False, wg_arch=True).hbk == 1
+    p = plan(_geom(48), 132, True, None, False, wg_arch=True)
+    assert (p.knobs["mrows"], p.hbk) == (64, 1)
+
+
+def test_wg_plan_declines_and_refusals():
+    plan = index_share._plan
+    # Not Hopper, fewer than WG_MIN_GROUP heads per index row, f32, per-head index rows,
+    # unaligned tensors: the planner keeps the other paths.
+    assert plan(_geom(64), 132, True, None, False, wg_arch=False).path == "mma"
+    assert plan(_geom(16), 132, True, None, False, wg_arch=True).path == "mma"
+    assert plan(_geom(64, dt=DataType.FLOAT, h=64), 132, True, None, False,
+                wg_arch=True).path == "simt"
+    assert plan(_geom(64, hi=64), 132, True, None, False, wg_arch=True).path == "simt"
+    assert plan(_geom(64), 132, False, None, False, wg_arch=True).path == "simt"
+    # Forcing it where it cannot run, or knobs without a build, is a KernelError.
+    with pytest.raises(KernelError, match="wgmma path needs an sm_90"):
+        plan(_geom(64), 132, True, "wg", False, wg_arch=False)
+    with pytest.raises(KernelError, match="wgmma path needs"):
+        plan(_geom(16), 132, True, "wg", False, wg_arch=True)
+    for knobs, match in (({"wgs": 1, "mrows": 128}, "no build"), ({"overlap": 2}, "overlap"),
+                         ({"overlap": 1, "stages": 2}, r"stages=2 must be in \[3, 8\]"),
+                         ({"stages": 9}, "stages"), ({"prefetch": 1}, "unknown plan knobs")):
+        with pytest.raises(KernelError, match=match):
+            plan(_geom(64), 132, True, "wg", False, knobs=knobs, wg_arch=True)
+    # Too many columns per split for shared memory: a clear refusal, not a bad launch.
+    with pytest.raises(KernelError, match="shared memory"):
+        plan(_geom(64, k=2048), 132, True, "wg", False, smem_max=100 * 1024,
+             knobs={"splits": 1, "stages": 3}, wg_arch=True)
+
+
+def test_wg_workspace_covers_the_wg_plan(monkeypatch):
+    """workspace_requirement plans the wg path on sm_90 (pure: the runtime is a stand-in)."""
+    from types import SimpleNamespace
+
+    from nxrt.api import TensorMetadata
+
+    rt = SimpleNamespace(capabilities=SimpleNamespace(sm_count=132, arch="sm_90",
+                                                      max_shared_per_block_optin=227 * 1024))
+    kern = index_share.IndexShareKernel.__new__(index_share.IndexShareKernel)
+    kern.rt, kern.node, kern.path_override, kern.plan_override = rt, node(64, 1), None, None
+    from nxrt_kernels._ref_index_share import parse_attributes
+
+    kern.attrs = parse_attributes(node(64, 1))
+    g = _geom(64)
+    metas = [TensorMetadata(d, s) for s, d in zip(
+        [(64, 64, 1, 128), (64, 1, 1, 128), (64, 1, 1, 128), (64, 1, 8191, 128),
+         (64, 1, 8191, 128), (64, 1, 1, 2048)], [DataType.BFLOAT16] * 5 + [DataType.INT32])]
+    need = kern.workspace_requirement(metas).nbytes
+    wg = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+    assert need >= wg.nbytes > 0
+    monkeypatch.setenv("NXRT_INDEX_SHARE_WG", "0")
+    assert not kern._wg_arch()
