@@ -298,6 +298,27 @@ def test_torch_tensors_and_workspace(rt, ledger, rng):
         kern.close()
 
 
+def _plans_agree(rt, kern, views, y, want, plans, path, layout, tol, repeats=0):
+    """Run ``kern`` with each plan override: every result matches ``want``; plans with the
+    same layout knobs and split count give the same bits (whatever the depth, merge or
+    loop); each result repeats bit for bit ``repeats`` more times."""
+    got = {}
+    for knobs in plans:
+        kern.plan_override = knobs
+        a = run(rt, kern, views, [y])[0]
+        plan = kern.last_plan
+        assert plan.path == path, (knobs, plan)
+        err = rel_fro(a, want)
+        assert err < tol, (knobs, plan, err)
+        key = tuple(plan.knobs[k] for k in layout) + (plan.splits,)
+        if key in got:
+            assert np.array_equal(got[key].view(np.uint16), a.view(np.uint16)), (knobs, plan)
+        got[key] = a
+        for _ in range(repeats):
+            assert np.array_equal(run(rt, kern, views, [y])[0].view(np.uint16),
+                                  a.view(np.uint16)), ("not deterministic", knobs, plan)
+
+
 @pytest.mark.parametrize("shape", ["decode", "prefill"])
 def test_mma_plans_agree(rt, ledger, rng, shape):
     """Every tensor-core layout, ring depth, split merge and per-tile pipeline matches the
@@ -322,19 +343,8 @@ def test_mma_plans_agree(rt, ledger, rng, shape):
              {"splits": 1},
              # The first per-tile pipeline: the same bits as the default (IS_PIPE 2) plans.
              {"pipe": 1}, {"pipe": 1, "wm": 4, "wn": 2}, {"pipe": 1, "stages": 3, "splits": 3}]
-    got = {}
     try:
-        for knobs in plans:
-            kern.plan_override = knobs
-            a = run(rt, kern, views, [y])[0]
-            plan = kern.last_plan
-            assert plan.path == "mma"
-            err = rel_fro(a, want)
-            assert err < TOL[DataType.BFLOAT16], (knobs, plan, err)
-            key = (plan.knobs["wm"], plan.knobs["wn"], plan.splits)
-            if key in got:  # the same splits: bitwise the same whatever the merge or depth
-                assert np.array_equal(got[key].view(np.uint16), a.view(np.uint16)), (knobs, plan)
-            got[key] = a
+        _plans_agree(rt, kern, views, y, want, plans, "mma", ("wm", "wn"), TOL[DataType.BFLOAT16])
         kern.plan_override = None
         first = run(rt, kern, views, [y])[0]
         assert shape == "prefill" or kern.last_plan.splits > 1
@@ -383,25 +393,12 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              {"overlap": 1}, {"overlap": 1, "wgs": 1, "mrows": 64, "stages": 3},
              {"overlap": 1, "wgs": 2, "mrows": 64, "splits": 2},
              {"overlap": 1, "wgs": 2, "mrows": 128, "splits": 5, "merge": "kernel"}]
-    got = {}
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
         assert kern.last_plan.path == "wg", kern.last_plan
-        for knobs in plans:
-            kern.plan_override = knobs
-            a = run(rt, kern, views, [y])[0]
-            plan = kern.last_plan
-            assert plan.path == "wg"
-            err = rel_fro(a, want)
-            assert err < TOL[DataType.from_numpy(dt)], (knobs, plan, err)
-            key = (plan.knobs["wgs"], plan.knobs["mrows"], plan.splits)
-            if key in got:
-                assert np.array_equal(got[key].view(np.uint16), a.view(np.uint16)), (knobs, plan)
-            got[key] = a
-            for _ in range(2):
-                assert np.array_equal(run(rt, kern, views, [y])[0].view(np.uint16),
-                                      a.view(np.uint16)), ("not deterministic", knobs, plan)
+        _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows"),
+                     TOL[DataType.from_numpy(dt)], repeats=2)
     finally:
         kern.close()
         free(arrs, [y])

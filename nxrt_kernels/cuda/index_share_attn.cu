@@ -51,15 +51,7 @@ __device__ __forceinline__ IsChunk is_zero_chunk() {
 }
 
 // Shared memory (dynamic): s_key[cps_pad] ints, then per warp and head o[H], m, l floats.
-extern "C" __global__ void __launch_bounds__(128) is_attn_simt(
-    const is_t* __restrict__ q, const is_t* __restrict__ k0, const is_t* __restrict__ v0,
-    const is_t* __restrict__ k1, const is_t* __restrict__ v1, const void* __restrict__ idx,
-    const is_t* __restrict__ bias, is_t* __restrict__ y, float* __restrict__ part_o,
-    float* __restrict__ part_ml, unsigned* __restrict__ counters, unsigned* __restrict__ latch,
-    const int* __restrict__ valid_len, long long bsb, long long bsh, long long bsq,
-    long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K,
-    int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,
-    int stages, float scale_log2) {
+extern "C" __global__ void __launch_bounds__(128) is_attn_simt(IS_ATTN_PARAMS) {
   IS_DYN_SMEM(smem);
   __shared__ int s_live, s_flag;
   const int cps_pad = (cps + 3) & ~3;

@@ -136,6 +136,41 @@ __device__ __forceinline__ const is_t* is_row(const is_t* seg0, const is_t* seg1
                     : seg1 + (bh * len1 + (key - len0)) * (long long)H;
 }
 
+// The attention kernels' common parameter list (is_attn_simt, is_attn_mma, is_attn_wg: one
+// host launch path). `lpk` is the CUDA-core path's lanes per key; `stages` the tensor-core
+// ring depth.
+#define IS_ATTN_PARAMS                                                                          \
+  const is_t *__restrict__ q, const is_t *__restrict__ k0, const is_t *__restrict__ v0,        \
+      const is_t *__restrict__ k1, const is_t *__restrict__ v1, const void *__restrict__ idx,  \
+      const is_t *__restrict__ bias, is_t *__restrict__ y, float *__restrict__ part_o,         \
+      float *__restrict__ part_ml, unsigned *__restrict__ counters, unsigned *__restrict__ latch, \
+      const int *__restrict__ valid_len, long long bsb, long long bsh, long long bsq,          \
+      long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K, \
+      int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,         \
+      int stages, float scale_log2
+
+// Sources of 16-byte chunk `ch` of gathered key `kj`'s K and V rows (hd elements per row):
+// keys below len0 in segment 0 (k0/v0, row base0 + kj), the rest in segment 1 (k1/v1, row
+// base1 + kj, base1 already offset by -len0). A masked column (kj < 0) gets the segment-0
+// bases and ok = false: its copy zero-fills without reading.
+struct IsRowSrc {
+  const is_t* k;
+  const is_t* v;
+  bool ok;
+};
+__device__ __forceinline__ IsRowSrc is_row_src(int kj, int len0, long long base0, long long base1,
+                                               const is_t* k0, const is_t* k1, const is_t* v0,
+                                               const is_t* v1, int hd, int ch) {
+  const bool ok = kj >= 0;
+  const bool seg1 = kj >= len0;
+  const long long off = ((seg1 ? base1 : base0) + (ok ? kj : 0)) * hd + ch * 8;
+  IsRowSrc r;
+  r.k = ok ? (seg1 ? k1 : k0) + off : k0;
+  r.v = ok ? (seg1 ? v1 : v0) + off : v0;
+  r.ok = ok;
+  return r;
+}
+
 // Task decode shared by both attention paths. blockIdx.x = ((bq * S) + s) * U + u, with the
 // head block u fastest so CTAs that gather the same rows run side by side (L2 reuse).
 // `task` = bq * U + u numbers the (batch, query, head block) tasks (split-K counters).
@@ -238,6 +273,24 @@ __device__ __forceinline__ void is_finish_element(const float* part_o, const flo
   is_store(y + y_off, L > 0.f ? O / L : 0.f);
 }
 
+// Split-K arrival: every thread's partial stores are made device-wide visible, then one
+// thread counts the CTA in on the task's counter. True (in every thread of the CTA) for the
+// task's last CTA to arrive, which then reads the other splits' partials; the caller lets
+// the others leave (the result is uniform over the CTA).
+__device__ __forceinline__ bool is_last_arrival(unsigned* counters, long long task, int S,
+                                                int* s_flag) {
+  __threadfence();  // this thread's partial stores, device-wide, before the arrival below
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
+    *s_flag = atomicAdd(counters + task, 1u) == (unsigned)(S - 1);
+  }
+  __syncthreads();
+  const bool last = *s_flag != 0;
+  if (last) __threadfence();
+  return last;
+}
+
 // In-kernel split-K finish (S > 1, counters given). Call with every thread of the CTA after
 // it wrote its partials for heads [h0, h0 + nh) of (b, qi). The task's last CTA to arrive
 // merges all S partials in split order — the same arithmetic whichever CTA it is, so Y is
@@ -247,15 +300,7 @@ __device__ __forceinline__ void is_finish_if_last(unsigned* counters, long long 
                                                   const float* part_o, const float* part_ml,
                                                   is_t* y, long long b, int qi, int Sq, int N,
                                                   int h0, int nh, int H, int* s_flag) {
-  __threadfence();  // this thread's partial stores, device-wide, before the arrival below
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
-    *s_flag = atomicAdd(counters + task, 1u) == (unsigned)(S - 1);
-  }
-  __syncthreads();
-  if (!*s_flag) return;  // uniform: the whole CTA leaves
-  __threadfence();
+  if (!is_last_arrival(counters, task, S, s_flag)) return;  // uniform: the whole CTA leaves
   for (int i = threadIdx.x; i < nh * H; i += blockDim.x) {
     const int r = i / H, d = i - r * H;
     is_finish_element(part_o, part_ml, y, is_prow(b, qi, Sq, N, h0 + r, S, 0), S, H, d,

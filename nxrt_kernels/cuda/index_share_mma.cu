@@ -70,15 +70,7 @@ static_assert(IS_THREADS % IS_CPR == 0 && IS_KT % IS_SSTEP == 0, "whole rows per
 #define IS_XS (IS_DT * 4 + 4)  // floats a lane hands over in the warp merge: O, m, l
 #define IS_MERGE_BYTES (IS_WN > 1 ? IS_WM * (IS_WN - 1) * IS_XS * 32 * 4 : 0)
 
-extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
-    const is_t* __restrict__ q, const is_t* __restrict__ k0, const is_t* __restrict__ v0,
-    const is_t* __restrict__ k1, const is_t* __restrict__ v1, const void* __restrict__ idx,
-    const is_t* __restrict__ bias, is_t* __restrict__ y, float* __restrict__ part_o,
-    float* __restrict__ part_ml, unsigned* __restrict__ counters, unsigned* __restrict__ latch,
-    const int* __restrict__ valid_len, long long bsb, long long bsh, long long bsq,
-    long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K,
-    int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,
-    int stages, float scale_log2) {
+extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(IS_ATTN_PARAMS) {
   IS_DYN_SMEM(smem);
   const int ST = stages < 2 ? 2 : (stages > IS_MAX_STAGES ? IS_MAX_STAGES : stages);
   const int ring_bytes = ST * IS_STAGE * 2;
@@ -156,16 +148,10 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS) is_attn_mma(
     }
 #pragma unroll
     for (int j = 0; j < IS_RPT; ++j) {
-      const int kj = key[j];
-      const bool ok = kj >= 0;
-      const bool seg1 = kj >= len0;
-      // Element offset of the row in its segment (as is_row); unused when masked.
-      const long long off = ((seg1 ? base1 : base0) + (ok ? kj : 0)) * IS_HD + ch2 * 8;
-      const is_t* ks = ok ? (seg1 ? k1 : k0) + off : k0;
-      const is_t* vs = ok ? (seg1 ? v1 : v0) + off : v0;
+      const IsRowSrc src = is_row_src(key[j], len0, base0, base1, k0, k1, v0, v1, IS_HD, ch2);
       is_t* d = dst0 + j * IS_SSTEP * IS_LDS;
-      is_cp_async16(d, ks, ok ? 16 : 0);
-      is_cp_async16(d + IS_KT * IS_LDS, vs, ok ? 16 : 0);
+      is_cp_async16(d, src.k, src.ok ? 16 : 0);
+      is_cp_async16(d + IS_KT * IS_LDS, src.v, src.ok ? 16 : 0);
     }
   };
 #endif

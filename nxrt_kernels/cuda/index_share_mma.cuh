@@ -87,15 +87,7 @@ __device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long lo
                                                      const float* part_o, const float* part_ml,
                                                      is_t* y, long long b, int qi, int Sq, int N,
                                                      int h0, int nh, int* s_flag, float* s_w) {
-  __threadfence();  // this thread's partial stores, device-wide, before the arrival below
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
-    *s_flag = atomicAdd(counters + task, 1u) == (unsigned)(S - 1);
-  }
-  __syncthreads();
-  if (!*s_flag) return;  // uniform: the whole CTA leaves
-  __threadfence();
+  if (!is_last_arrival(counters, task, S, s_flag)) return;  // uniform: the whole CTA leaves
   for (int r = threadIdx.x; r < nh; r += kThreads) {
     const float* ml = part_ml + is_prow(b, qi, Sq, N, h0 + r, S, 0) * 2;
     float M = is_neg_inf();

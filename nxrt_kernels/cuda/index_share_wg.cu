@@ -94,15 +94,7 @@ __device__ __forceinline__ float is_quad_sum(float v) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
-    const is_t* __restrict__ q, const is_t* __restrict__ k0, const is_t* __restrict__ v0,
-    const is_t* __restrict__ k1, const is_t* __restrict__ v1, const void* __restrict__ idx,
-    const is_t* __restrict__ bias, is_t* __restrict__ y, float* __restrict__ part_o,
-    float* __restrict__ part_ml, unsigned* __restrict__ counters, unsigned* __restrict__ latch,
-    const int* __restrict__ valid_len, long long bsb, long long bsh, long long bsq,
-    long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K,
-    int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,
-    int stages, float scale_log2) {
+extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ST = stages < 2 ? 2 : (stages > IS_MAX_STAGES ? IS_MAX_STAGES : stages);
   {
@@ -157,15 +149,10 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(
     }
 #pragma unroll
     for (int j = 0; j < IS_RPT; ++j) {
-      const int kj = key[j];
-      const bool ok = kj >= 0;
-      const bool seg1 = kj >= len0;
-      const long long off = ((seg1 ? base1 : base0) + (ok ? kj : 0)) * IS_HD + ch2 * 8;
-      const is_t* ks = ok ? (seg1 ? k1 : k0) + off : k0;
-      const is_t* vs = ok ? (seg1 ? v1 : v0) + off : v0;
+      const IsRowSrc src = is_row_src(key[j], len0, base0, base1, k0, k1, v0, v1, IS_HD, ch2);
       const unsigned o = sw_off(s2_0 + j * IS_SSTEP, ch2, IS_TBLK);
-      is_cp_async16(dK + o, ks, ok ? 16 : 0);
-      is_cp_async16(dK + IS_TBYTES + o, vs, ok ? 16 : 0);
+      is_cp_async16(dK + o, src.k, src.ok ? 16 : 0);
+      is_cp_async16(dK + IS_TBYTES + o, src.v, src.ok ? 16 : 0);
     }
   };
 
