@@ -100,14 +100,20 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 #: Tensor-core warp layouts (WM warps along heads x WN along each tile's keys) with builds.
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
-PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap")
+PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap",
+              "qreg")
 #: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
 #: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
 #: between the two warpgroups of one 64-head block.
 WG_LAYOUTS = ((1, 64), (2, 64), (2, 128))
+#: The layout with a register-resident Q build (knob ``qreg``): one warpgroup, whose CTAs
+#: then fit two per SM with a 3-stage ring.
+WG_QREG_LAYOUT = (1, 64)
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
 WG_MIN_GROUP = 32
+#: Whether the one-warpgroup layout keeps Q in registers by default.
+WG_QREG_DEFAULT = 0
 #: Tensor-core per-tile pipelines (IS_PIPE): 1 the first one, 2 the leaner issue/score path
 #: (same bits; see cuda/index_share_mma.cu). ``_DEFAULT_PIPE`` is what the planner takes.
 MMA_PIPES = (1, 2)
@@ -130,10 +136,13 @@ def _mma_variant(dt: DataType, hd: int, wm: int, wn: int, pipe: int = 1) -> Vari
     return Variant("index_share_mma.cu", ("is_attn_mma",), defines)
 
 
-def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0) -> Variant:
+def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
+                qreg: int = 0) -> Variant:
     defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WGS": wgs, "IS_MROWS": mrows}
     if overlap:
         defines["IS_OVERLAP"] = 1
+    if qreg:
+        defines["IS_QREG"] = 1
     return Variant("index_share_wg.cu", ("is_attn_wg",), defines, min_arch=90, arch_suffix="a")
 
 
@@ -151,6 +160,7 @@ def compile_variants() -> list[Variant]:
                 for wm, wn in MMA_LAYOUTS for pipe in MMA_PIPES]
         out += [_wg_variant(dt, hd, wgs, mrows, ov) for hd in (64, 128)
                 for wgs, mrows in WG_LAYOUTS for ov in (0, 1)]
+        out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, ov, 1) for hd in (64, 128) for ov in (0, 1)]
     return out
 
 
@@ -195,7 +205,8 @@ class _Plan:
                 "stages": self.stages, "merge": self.merge,
                 "pipe": d.get("IS_PIPE", 1) if self.path == "mma" else None,
                 "wgs": d.get("IS_WGS"), "mrows": d.get("IS_MROWS"),
-                "overlap": d.get("IS_OVERLAP", 0) if self.path == "wg" else None}
+                "overlap": d.get("IS_OVERLAP", 0) if self.path == "wg" else None,
+                "qreg": d.get("IS_QREG", 0) if self.path == "wg" else None}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -215,11 +226,12 @@ def _wg_ok(g: Geometry) -> bool:
     return _mma_ok(g) and g.group >= WG_MIN_GROUP
 
 
-def _wg_smem(hd: int, wgs: int, mrows: int, stages: int, cps: int) -> int:
+def _wg_smem(hd: int, wgs: int, mrows: int, stages: int, cps: int, qreg: int = 0) -> int:
     """Dynamic shared memory of is_attn_wg (mirrors the kernel's layout)."""
     kt = 64 * (wgs // (mrows // 64))  # keys per tile
     hb = hd // 64
-    return 1024 + hb * mrows * 128 + stages * 2 * hb * kt * 128 + cps * 4
+    q = 0 if qreg else hb * mrows * 128
+    return 1024 + q + stages * 2 * hb * kt * 128 + cps * 4
 
 
 def _mma_smem(wm: int, wn: int, stages: int, hd: int, cps: int) -> int:
@@ -311,8 +323,12 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         overlap = int(knobs.get("overlap", 1 if (many and mrows == 128) else 0))
         if overlap not in (0, 1):
             raise KernelError(f"{OP}: overlap={overlap} must be 0 or 1")
+        qreg = int(knobs.get("qreg", WG_QREG_DEFAULT if (wgs, mrows) == WG_QREG_LAYOUT else 0))
+        if qreg not in (0, 1) or (qreg and (wgs, mrows) != WG_QREG_LAYOUT):
+            raise KernelError(f"{OP}: qreg={qreg} must be 0, or 1 with the layout "
+                              f"(wgs, mrows) = {WG_QREG_LAYOUT}")
         hpc, threads, lpk = mrows, 128 * wgs, 0
-        variant, entry = _wg_variant(dt, h, wgs, mrows, overlap), "is_attn_wg"
+        variant, entry = _wg_variant(dt, h, wgs, mrows, overlap, qreg), "is_attn_wg"
         min_st = 3 if overlap else 2  # the overlapped loop waits one tile further ahead
         # One warpgroup: two CTAs per SM where two fit (one's softmax overlaps the other's
         # wgmma); two warpgroups: one CTA with the deepest ring.
@@ -325,9 +341,9 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                     raise KernelError(f"{OP}: stages={stages} must be in [{min_st}, 8]")
             else:
                 stages = _MAX_STAGES
-                while stages > min_st and _wg_smem(h, wgs, mrows, stages, cps_hi) > budget:
+                while stages > min_st and _wg_smem(h, wgs, mrows, stages, cps_hi, qreg) > budget:
                     stages -= 1
-            if per_sm == 1 or _wg_smem(h, wgs, mrows, stages, cps_hi) <= budget:
+            if per_sm == 1 or _wg_smem(h, wgs, mrows, stages, cps_hi, qreg) <= budget:
                 break
             per_sm = 1
     elif use_mma:
@@ -401,7 +417,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     cps = min(_round_up(-(-g.width // splits), col_align), max_cps)
     splits = -(-g.width // cps)
     if use_wg:
-        smem = _wg_smem(h, wgs, mrows, stages, cps)
+        smem = _wg_smem(h, wgs, mrows, stages, cps, qreg)
         if smem > smem_max:
             raise KernelError(f"{OP}: the wgmma plan needs {smem} bytes of shared memory "
                               f"(wgs={wgs}, mrows={mrows}, stages={stages}, {cps} columns per "

@@ -842,10 +842,13 @@ def test_wg_plan_choice_and_layouts():
     assert p.threads == 256 and p.heads_per_cta == 64 and p.splits >= 2
     assert p.smem <= 227 * 1024 and p.stages >= 2
     assert p.smem == index_share._wg_smem(128, 2, 64, p.stages, p.cps)
-    # Prefill N64 (4096 rows): one warpgroup, two CTAs per SM.
+    # Prefill N64 (4096 rows): one warpgroup, two CTAs per SM; with Q in registers the same
+    # two CTAs get a 3-stage ring.
     p = plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True)
     assert (p.path, p.knobs["wgs"], p.per_sm, p.splits) == ("wg", 1, 2, 1)
     assert 2 * (p.smem + 1024) <= 228 * 1024
+    q = plan(_geom(64, b=1, sq=4096), 132, True, None, False, knobs={"qreg": 1}, wg_arch=True)
+    assert (q.knobs["qreg"], q.per_sm, q.stages) == (1, 2, 3) and q.smem == p.smem - 16384 + 32768
     # N128: one 128-head CTA; prefill takes the overlapped loop (which needs >= 3 stages).
     p = plan(_geom(128), 132, True, None, False, wg_arch=True)
     assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == (2, 128, 0)
@@ -874,7 +877,8 @@ def test_wg_plan_declines_and_refusals():
         plan(_geom(16), 132, True, "wg", False, wg_arch=True)
     for knobs, match in (({"wgs": 1, "mrows": 128}, "no build"), ({"overlap": 2}, "overlap"),
                          ({"overlap": 1, "stages": 2}, r"stages=2 must be in \[3, 8\]"),
-                         ({"stages": 9}, "stages"), ({"prefetch": 1}, "unknown plan knobs")):
+                         ({"stages": 9}, "stages"), ({"prefetch": 1}, "unknown plan knobs"),
+                         ({"qreg": 1, "wgs": 2}, "qreg=1 must be")):
         with pytest.raises(KernelError, match=match):
             plan(_geom(64), 132, True, "wg", False, knobs=knobs, wg_arch=True)
     # Too many columns per split for shared memory: a clear refusal, not a bad launch.

@@ -392,12 +392,15 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              # The overlapped loop (IS_OVERLAP): the same arithmetic, so the same bits.
              {"overlap": 1}, {"overlap": 1, "wgs": 1, "mrows": 64, "stages": 3},
              {"overlap": 1, "wgs": 2, "mrows": 64, "splits": 2},
-             {"overlap": 1, "wgs": 2, "mrows": 128, "splits": 5, "merge": "kernel"}]
+             {"overlap": 1, "wgs": 2, "mrows": 128, "splits": 5, "merge": "kernel"},
+             # Q in registers (one warpgroup): S from the register A operand.
+             {"wgs": 1, "mrows": 64, "qreg": 1},
+             {"wgs": 1, "mrows": 64, "qreg": 1, "overlap": 1, "stages": 3, "splits": 4}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
         assert kern.last_plan.path == "wg", kern.last_plan
-        _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows"),
+        _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg"),
                      TOL[DataType.from_numpy(dt)], repeats=2)
     finally:
         kern.close()

@@ -62,6 +62,10 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
         ("wg:1x64-st4-S2", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 4, "splits": 2}),
         ("wg:2x64-st2-S2", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 2}),
         ("wgo:2x64-S2", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2, "overlap": 1}),
+        ("wgq:1x64-S4", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 4, "qreg": 1}),
+        ("wgq:1x64-S2", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 2, "qreg": 1}),
+        ("wgqo:1x64-S4", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 4, "qreg": 1,
+                          "overlap": 1}),
         ("wgo:1x64-st5-S2", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 5, "splits": 2,
                              "overlap": 1}),
         ("wgo:1x64-st3-S4", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 3, "splits": 4,
@@ -89,6 +93,7 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
         ("wg:2x64-S4", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 4}),
         ("wgo:2x128-S2", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2, "overlap": 1}),
         ("wgo:2x128-S3", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 3, "overlap": 1}),
+        ("wgq:1x64-S4", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 4, "qreg": 1}),
         ("p1:8x1-st5-S2", {"wm": 8, "wn": 1, "stages": 5, "splits": 2, "pipe": 1}),
         ("p2:8x1-st5-S2", {"wm": 8, "wn": 1, "stages": 5, "splits": 2, "pipe": 2}),
         ("p2:8x1-st3-S2", {"wm": 8, "wn": 1, "stages": 3, "splits": 2, "pipe": 2}),
@@ -109,6 +114,11 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
         ("wgo:1x64-st3", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 3, "splits": 1,
                           "overlap": 1}),
         ("wgo:2x64", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 1, "overlap": 1}),
+        ("wgq:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1}),
+        ("wgq:1x64-st2", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
+                          "stages": 2}),
+        ("wgqo:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
+                       "overlap": 1}),
         ("p2:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 2}),
         ("p2:4x2-st3", {"wm": 4, "wn": 2, "stages": 3, "splits": 1, "pipe": 2}),
         ("old:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 1}),
@@ -126,6 +136,9 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
         ("wgo:2x128", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 1, "overlap": 1}),
         ("wgo:1x64-st3", {"path": "wg", "wgs": 1, "mrows": 64, "stages": 3, "splits": 1,
                           "overlap": 1}),
+        ("wgq:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1}),
+        ("wgqo:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
+                       "overlap": 1}),
         ("p1:8x1-st5", {"wm": 8, "wn": 1, "stages": 5, "splits": 1, "pipe": 1}),
         ("p2:8x1-st5", {"wm": 8, "wn": 1, "stages": 5, "splits": 1, "pipe": 2}),
         ("old:4x1-st2", {"wm": 4, "wn": 1, "stages": 2, "splits": 1, "pipe": 1}),
@@ -142,7 +155,8 @@ def shape_name(c: dict[str, Any]) -> str:
 
 def plan_text(p: dict[str, Any]) -> str:
     if p.get("path") == "wg":
-        return (f"wg{'o' if p.get('overlap') else ''} {p['wgs']}x{p['mrows']} st{p['stages']} "
+        return (f"wg{'q' if p.get('qreg') else ''}{'o' if p.get('overlap') else ''} "
+                f"{p['wgs']}x{p['mrows']} st{p['stages']} "
                 f"S{p['splits']} {p['merge']} "
                 f"g{p['grid']} {p['smem'] // 1024}K")
     if p.get("path") != "mma":
@@ -404,8 +418,9 @@ def precompile(target: str) -> float:
     if target.startswith("sm_90"):
         for wgs, mrows in index_share.WG_LAYOUTS:
             for ov in (0, 1):
-                v = index_share._wg_variant(DataType.BFLOAT16, 128, wgs, mrows, ov)
-                jobs.append((v.file, v.options, "sm_90a"))
+                for qr in (0, 1) if (wgs, mrows) == index_share.WG_QREG_LAYOUT else (0,):
+                    v = index_share._wg_variant(DataType.BFLOAT16, 128, wgs, mrows, ov, qr)
+                    jobs.append((v.file, v.options, "sm_90a"))
     try:
         with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),
                                  mp_context=multiprocessing.get_context("spawn")) as ex:

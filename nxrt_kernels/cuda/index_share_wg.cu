@@ -31,7 +31,9 @@
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_WGS (1 or 2), IS_MROWS (64 or
 // 128, at most 64 * IS_WGS), IS_OVERLAP (0: the loop above; 1: FA3's intra-warpgroup
 // pipelining, S(t+1) issued before P(t) V(t) so softmax(t+1) overlaps the tensor cores;
-// needs a ring of >= 3 stages).
+// needs a ring of >= 3 stages), IS_QREG (1: Q lives in registers as the A operand of
+// S = Q K^T instead of shared memory: 16 KB less per CTA, so two one-warpgroup CTAs per SM
+// fit a 3-stage ring).
 #include "index_share_mma.cuh"
 
 #ifndef IS_HD
@@ -45,6 +47,9 @@
 #endif
 #ifndef IS_OVERLAP
 #define IS_OVERLAP 0
+#endif
+#ifndef IS_QREG
+#define IS_QREG 0
 #endif
 #if IS_DTYPE == 1
 #define NXRT_WG_AB "f16.f16"
@@ -62,6 +67,7 @@
 #define IS_QBLK (IS_MROWS * 128)     // bytes of one 64-channel block of Q
 #define IS_TBLK (IS_KT * 128)        // bytes of one 64-channel block of a K or V tile
 #define IS_QBYTES (IS_HB * IS_QBLK)
+#define IS_QSMEM (IS_QREG ? 0 : IS_QBYTES)  // Q's shared memory (none when in registers)
 #define IS_TBYTES (IS_HB * IS_TBLK)  // one K (or V) tile
 #define IS_STAGE_BYTES (2 * IS_TBYTES)
 #define IS_SSTEP (IS_THREADS / IS_CPR)  // row slots one pass of the threads copies
@@ -101,13 +107,13 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_P
     // A launch with less dynamic shared memory than this layout would write past the end.
     unsigned dyn;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
-    if ((long long)dyn < 1024 + IS_QBYTES + (long long)ST * IS_STAGE_BYTES + (long long)cps * 4)
+    if ((long long)dyn < 1024 + IS_QSMEM + (long long)ST * IS_STAGE_BYTES + (long long)cps * 4)
       return;
   }
   // The swizzle repeats every 1024 bytes and the descriptors assume atoms on such a boundary.
   unsigned char* smem = smem_raw + ((1024u - (is_smem_u32(smem_raw) & 1023u)) & 1023u);
   const unsigned sbase = is_smem_u32(smem);
-  unsigned char* sRing = smem + IS_QBYTES;
+  unsigned char* sRing = smem + IS_QSMEM;
   int* s_key = reinterpret_cast<int*>(sRing + ST * IS_STAGE_BYTES);
   __shared__ int s_live, s_flag, s_hole;
 
@@ -120,12 +126,32 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_P
   const int g = lane >> 2, tq = lane & 3;
 
   // Q rows of this head block (rows past nh zero-filled; their results are dropped), issued
-  // first so their latency overlaps the index staging.
+  // first so their latency overlaps the index staging. IS_QREG: straight into this thread's
+  // A fragments of S = Q K^T (k-step ks: registers 0/1 rows g/g+8 at channels 16 ks + 2 tq
+  // and + 1, registers 2/3 the same 8 channels on), and an empty copy group keeps the count.
+#if IS_QREG
+  unsigned qf[IS_HD / 16][4];
+  {
+    const int qrow = 64 * rw + 16 * wq + g;
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+      const int r = qrow + 8 * x;
+      const unsigned* src = reinterpret_cast<const unsigned*>(
+          q + ((t.b * N + t.h0 + (r < t.nh ? r : 0)) * (long long)Sq + t.qi) * IS_HD + 2 * tq);
+#pragma unroll
+      for (int ks = 0; ks < IS_HD / 16; ++ks) {
+        qf[ks][x] = r < t.nh ? src[8 * ks] : 0u;
+        qf[ks][x + 2] = r < t.nh ? src[8 * ks + 4] : 0u;
+      }
+    }
+  }
+#else
   for (int i = tid; i < IS_MROWS * IS_CPR; i += IS_THREADS) {
     const int r = i / IS_CPR, ch = i - r * IS_CPR;
     const is_t* src = q + ((t.b * N + t.h0 + (r < t.nh ? r : 0)) * (long long)Sq + t.qi) * IS_HD;
     is_cp_async16(smem + sw_off(r, ch, IS_QBLK), src + ch * 8, r < t.nh ? 16 : 0);
   }
+#endif
   is_cp_async_commit();
 
   const int c_begin = t.s * cps;
@@ -176,8 +202,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_P
   float m_run[2] = {is_neg_inf(), is_neg_inf()};  // log2 domain
   float l_run[2] = {0.f, 0.f};                    // this lane's share of the row sums
   const int row0 = 64 * rw + 16 * wq + g;         // CTA-local head rows row0 and row0 + 8
-  const unsigned qa = sbase + 64 * rw * 128;      // this warpgroup's 64 Q rows
-  const unsigned sRing0 = sbase + IS_QBYTES + kw * 64 * 128;  // + stage: this WG's K rows
+  const unsigned qa = sbase + 64 * rw * 128;      // this warpgroup's 64 Q rows (IS_QREG: unused)
+  (void)qa;
+  const unsigned sRing0 = sbase + IS_QSMEM + kw * 64 * 128;  // + stage: this WG's K rows
 
   // S = Q K^T for this warpgroup's 64 heads x 64 keys of the tile in `stage` (issued only).
   auto issue_s = [&](float (&sc)[32], int stage) {
@@ -188,9 +215,13 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_P
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < IS_HD / 16; ++ks) {
-      const unsigned qoff = (ks >> 2) * IS_QBLK + (ks & 3) * 32;
       const unsigned koff = (ks >> 2) * IS_TBLK + (ks & 3) * 32;
+#if IS_QREG
+      wg_rs<0>(sc, qf[ks], desc_sw128(sK + koff, 16, 1024));  // accumulates onto the zeros
+#else
+      const unsigned qoff = (ks >> 2) * IS_QBLK + (ks & 3) * 32;
       wg_ss(sc, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024), ks > 0 ? 1 : 0);
+#endif
     }
     wg_commit();
   };
