@@ -112,8 +112,6 @@ WG_QREG_LAYOUT = (1, 64)
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
 WG_MIN_GROUP = 32
-#: Whether the one-warpgroup layout keeps Q in registers by default.
-WG_QREG_DEFAULT = 0
 #: Tensor-core per-tile pipelines (IS_PIPE): 1 the first one, 2 the leaner issue/score path
 #: (same bits; see cuda/index_share_mma.cu). ``_DEFAULT_PIPE`` is what the planner takes.
 MMA_PIPES = (1, 2)
@@ -320,10 +318,14 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                               f"choose one of {WG_LAYOUTS}")
         col_align, max_cps = 64 * (wgs // (mrows // 64)), 2048
         cps_hi = min(max_cps, _round_up(g.width, col_align))
-        overlap = int(knobs.get("overlap", 1 if (many and mrows == 128) else 0))
+        # Many rows with one warpgroup: Q in registers (two CTAs per SM keep a 3-stage ring)
+        # and the overlapped loop, 1.28 vs 1.31 ms at prefill N 64 (H200 sweep); decode keeps
+        # the plain loop (both were slower there).
+        one_wg_many = many and (wgs, mrows) == WG_QREG_LAYOUT
+        overlap = int(knobs.get("overlap", 1 if (many and mrows == 128) or one_wg_many else 0))
         if overlap not in (0, 1):
             raise KernelError(f"{OP}: overlap={overlap} must be 0 or 1")
-        qreg = int(knobs.get("qreg", WG_QREG_DEFAULT if (wgs, mrows) == WG_QREG_LAYOUT else 0))
+        qreg = int(knobs.get("qreg", 1 if one_wg_many else 0))
         if qreg not in (0, 1) or (qreg and (wgs, mrows) != WG_QREG_LAYOUT):
             raise KernelError(f"{OP}: qreg={qreg} must be 0, or 1 with the layout "
                               f"(wgs, mrows) = {WG_QREG_LAYOUT}")

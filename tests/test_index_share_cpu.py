@@ -844,11 +844,13 @@ def test_wg_plan_choice_and_layouts():
     assert p.smem == index_share._wg_smem(128, 2, 64, p.stages, p.cps)
     # Prefill N64 (4096 rows): one warpgroup, two CTAs per SM; with Q in registers the same
     # two CTAs get a 3-stage ring.
-    p = plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True)
-    assert (p.path, p.knobs["wgs"], p.per_sm, p.splits) == ("wg", 1, 2, 1)
-    assert 2 * (p.smem + 1024) <= 228 * 1024
-    q = plan(_geom(64, b=1, sq=4096), 132, True, None, False, knobs={"qreg": 1}, wg_arch=True)
-    assert (q.knobs["qreg"], q.per_sm, q.stages) == (1, 2, 3) and q.smem == p.smem - 16384 + 32768
+    q = plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True)
+    assert (q.path, q.knobs["wgs"], q.per_sm, q.splits) == ("wg", 1, 2, 1)
+    assert (q.knobs["qreg"], q.knobs["overlap"], q.stages) == (1, 1, 3)
+    assert 2 * (q.smem + 1024) <= 228 * 1024
+    p = plan(_geom(64, b=1, sq=4096), 132, True, None, False, knobs={"qreg": 0, "overlap": 0},
+             wg_arch=True)
+    assert (p.per_sm, p.stages) == (2, 2) and q.smem == p.smem - 16384 + 32768
     # N128: one 128-head CTA; prefill takes the overlapped loop (which needs >= 3 stages).
     p = plan(_geom(128), 132, True, None, False, wg_arch=True)
     assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == (2, 128, 0)
