@@ -135,15 +135,18 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     ceiling = ctx.ceilings.get("copy_GBps")
     kn = kern.last_plan.knobs
     path = kern.last_plan.path
+    # Explicit joins: the device's Python dropped the space where two f-strings met by
+    # implicit concatenation ("H128cache8k" in two runs).
     if path == "mma":
-        plan = f"mma{kn['wm']}x{kn['wn']} st{kn['stages']} S{kn['splits']}{kn['merge']}"
+        words = [f"mma{kn['wm']}x{kn['wn']}", f"st{kn['stages']}", f"S{kn['splits']}{kn['merge']}"]
     elif path == "wg":
-        plan = (f"wg{kn['wgs']}x{kn['mrows']}{' overlap' if kn['overlap'] else ''} "
-                f"st{kn['stages']} S{kn['splits']}{kn['merge']}")
+        words = [f"wg{kn['wgs']}x{kn['mrows']}", *(["qreg"] if kn["qreg"] else []),
+                 *(["overlap"] if kn["overlap"] else []), f"st{kn['stages']}",
+                 f"S{kn['splits']}{kn['merge']}"]
     else:
-        plan = f"{path} S{kn['splits']} {kn['merge']}"
-    name = (f"bf16 {c['kind']} B{c['b']} Sq{c['sq']} N{c['n']} Nkv{c['nkv']} H{HEAD} "
-            f"cache{c['cache'] // 1024}k top{TOPK} ({plan})")
+        words = [path, f"S{kn['splits']}", kn["merge"]]
+    name = " ".join([f"bf16 {c['kind']} B{c['b']} Sq{c['sq']} N{c['n']} Nkv{c['nkv']} H{HEAD}",
+                     f"cache{c['cache'] // 1024}k top{TOPK}", "(" + " ".join(words) + ")"])
     extra = dict(ms=round(ms, 4), peer_ms=round(tms, 4), deterministic=deterministic,
                  rel_fro_vs_torch=round(rel, 5))
     rows = [row("index_share", name, "GB/s", gbps, "copy-bandwidth", ceiling,
