@@ -135,8 +135,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     ceiling = ctx.ceilings.get("copy_GBps")
     kn = kern.last_plan.knobs
     path = kern.last_plan.path
-    # Explicit joins: the device's Python dropped the space where two f-strings met by
-    # implicit concatenation ("H128cache8k" in two runs).
+    # Words joined explicitly: on some device instances spaces vanished from the f-string
+    # labels ("H128cache8k", "S2last"); plain " ".join has no f-string spacing to lose.
     if path == "mma":
         words = [f"mma{kn['wm']}x{kn['wn']}", f"st{kn['stages']}", f"S{kn['splits']}{kn['merge']}"]
     elif path == "wg":
