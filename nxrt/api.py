@@ -148,6 +148,18 @@ class _Shaped:
     strides: tuple[int, ...] | None
     dtype: DataType
 
+    def _normalize(self) -> None:
+        """Coerce dtype, shape and strides (frozen dataclasses: set through object) and check
+        that no dimension is negative and strides match the rank."""
+        object.__setattr__(self, "dtype", DataType(self.dtype))
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"negative dimension in shape {self.shape}")
+        if self.strides is not None:
+            object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+            if len(self.strides) != len(self.shape):
+                raise ValueError(f"strides {self.strides} do not match shape {self.shape}")
+
     @property
     def rank(self) -> int:
         return len(self.shape)
@@ -182,15 +194,9 @@ class TensorMetadata(_Shaped):
     strides: tuple[int, ...] | None = None  # None: C-contiguous
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", DataType(self.dtype))
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        if any(d < 0 for d in self.shape):
-            raise ValueError(f"negative dimension in shape {self.shape}")
-        if self.strides is not None:
-            st = tuple(int(s) for s in self.strides)
-            if len(st) != len(self.shape):
-                raise ValueError(f"strides {st} do not match shape {self.shape}")
-            object.__setattr__(self, "strides", None if st == _contiguous_strides(self.shape) else st)
+        self._normalize()
+        if self.strides == _contiguous_strides(self.shape):
+            object.__setattr__(self, "strides", None)  # planning sees one form of contiguous
 
 
 
@@ -209,14 +215,7 @@ class TensorView(_Shaped):
     owner: Any = field(default=None, repr=False, compare=False)  # keeps a wrapped object alive
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "dtype", DataType(self.dtype))
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
-        if any(d < 0 for d in self.shape):
-            raise ValueError(f"negative dimension in shape {self.shape}")
-        if self.strides is not None:
-            object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
-            if len(self.strides) != len(self.shape):
-                raise ValueError(f"strides {self.strides} do not match shape {self.shape}")
+        self._normalize()
         if not self.absent and self.ptr == 0 and self.numel:
             raise ValueError("a present tensor needs a non-null pointer")
 
