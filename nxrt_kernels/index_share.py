@@ -37,8 +37,9 @@ in flight). On sm_90 (Hopper) groups of >= ``WG_MIN_GROUP`` heads sharing an ind
 a wgmma path instead (``cuda/index_share_wg.cu``, sm_90a): 64 heads per warpgroup as the
 wgmma M dimension, S = Q K^T and O += P V issued asynchronously straight from the swizzled
 cp.async ring; layouts (warpgroups, head rows) in ``WG_LAYOUTS`` and the knobs ``wgs``,
-``mrows``, ``overlap`` (FA3's intra-warpgroup pipelining); ``NXRT_INDEX_SHARE_WG=0`` turns it
-off. Decode rows split the selected keys over CTAs until they fill the GPU; the task's last
+``mrows``, ``overlap`` (FA3's intra-warpgroup pipelining), ``qreg`` (Q in registers) and
+``minb`` (3: registers capped so three CTAs share an SM, the prefill default);
+``NXRT_INDEX_SHARE_WG=0`` turns it off. Decode rows split the selected keys over CTAs until they fill the GPU; the task's last
 CTA merges the split partials in split order. Every path is bitwise deterministic: fixed
 reduction orders, no floating-point atomics, and the plan depends only on shapes and the
 device.
@@ -101,7 +102,7 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
 PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap",
-              "qreg")
+              "qreg", "minb")
 #: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
 #: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
 #: between the two warpgroups of one 64-head block.
@@ -109,6 +110,10 @@ WG_LAYOUTS = ((1, 64), (2, 64), (2, 128))
 #: The layout with a register-resident Q build (knob ``qreg``): one warpgroup, whose CTAs
 #: then fit two per SM with a 3-stage ring.
 WG_QREG_LAYOUT = (1, 64)
+#: Register caps of the wgmma builds (knob ``minb``, ``__launch_bounds__`` min blocks): 1 lets
+#: ptxas take what it needs; 3 caps a register-resident-Q warpgroup at 168 registers, so
+#: three CTAs with 2-stage rings share an SM (prefill N 64: 1.04 vs 1.27 ms, H200).
+WG_MINB = (1, 3)
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
 WG_MIN_GROUP = 32
@@ -135,12 +140,14 @@ def _mma_variant(dt: DataType, hd: int, wm: int, wn: int, pipe: int = 1) -> Vari
 
 
 def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
-                qreg: int = 0) -> Variant:
+                qreg: int = 0, minb: int = 1) -> Variant:
     defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_WGS": wgs, "IS_MROWS": mrows}
     if overlap:
         defines["IS_OVERLAP"] = 1
     if qreg:
         defines["IS_QREG"] = 1
+    if minb != 1:
+        defines["IS_MINB"] = minb
     return Variant("index_share_wg.cu", ("is_attn_wg",), defines, min_arch=90, arch_suffix="a")
 
 
@@ -159,6 +166,7 @@ def compile_variants() -> list[Variant]:
         out += [_wg_variant(dt, hd, wgs, mrows, ov) for hd in (64, 128)
                 for wgs, mrows in WG_LAYOUTS for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, ov, 1) for hd in (64, 128) for ov in (0, 1)]
+        out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, 0, 1, 3) for hd in (64, 128)]
     return out
 
 
@@ -204,7 +212,8 @@ class _Plan:
                 "pipe": d.get("IS_PIPE", 1) if self.path == "mma" else None,
                 "wgs": d.get("IS_WGS"), "mrows": d.get("IS_MROWS"),
                 "overlap": d.get("IS_OVERLAP", 0) if self.path == "wg" else None,
-                "qreg": d.get("IS_QREG", 0) if self.path == "wg" else None}
+                "qreg": d.get("IS_QREG", 0) if self.path == "wg" else None,
+                "minb": d.get("IS_MINB", 1) if self.path == "wg" else None}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -305,36 +314,47 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     shared = g.index_heads == 1
     stages, per_sm = 0, 1
     if use_wg:
-        # Layout and loop (H200 sweep, benchmarks/NOTES.md): groups above 64 heads take one
-        # 128-head CTA (two warpgroups, the overlapped loop when many rows fill the GPU);
-        # 64-head blocks take two warpgroups splitting each tile's keys for decode (few
-        # rows: one CTA per SM with the deepest ring), one warpgroup for prefill (two CTAs
-        # per SM: 1.31 vs 1.52 ms at N 64, cache 8k).
+        # Layout and loop (H200 sweeps, benchmarks/NOTES.md). Decode (few rows): groups above
+        # 64 heads take one 128-head CTA (two warpgroups), 64-head blocks two warpgroups
+        # splitting each tile's keys (one CTA per SM with the deepest ring). Prefill (many
+        # rows): one-warpgroup 64-head CTAs, three per SM (below).
+        # Many rows (prefill) take 64-head one-warpgroup CTAs at every group size (below):
+        # N 128 as two head blocks per row, 1.97 vs 2.13 ms for one 128-head CTA (H200).
         many = g.batch * g.q_len * g.kv_heads >= 4 * sm_count
-        mrows = int(knobs.get("mrows", 128 if g.group > 64 else 64))
+        mrows = int(knobs.get("mrows", 128 if g.group > 64 and not many else 64))
         wgs = int(knobs.get("wgs", 1 if (many and mrows == 64) else 2))
         if (wgs, mrows) not in WG_LAYOUTS:
             raise KernelError(f"{OP}: wgmma layout (wgs={wgs}, mrows={mrows}) has no build; "
                               f"choose one of {WG_LAYOUTS}")
         col_align, max_cps = 64 * (wgs // (mrows // 64)), 2048
         cps_hi = min(max_cps, _round_up(g.width, col_align))
-        # Many rows with one warpgroup: Q in registers (two CTAs per SM keep a 3-stage ring)
-        # and the overlapped loop, 1.28 vs 1.31 ms at prefill N 64 (H200 sweep); decode keeps
-        # the plain loop (both were slower there).
+        # Many rows with one warpgroup: Q in registers, a 2-stage ring and registers capped at
+        # 168, so three CTAs share an SM (each one's softmax and waits under the others'
+        # wgmma): 1.04 ms at prefill N 64, against 1.27 for two CTAs with 3 stages and the
+        # overlapped loop (H200, benchmarks/NOTES.md). Decode keeps the plain loop (Q in
+        # registers and the overlapped loop were both slower there).
         one_wg_many = many and (wgs, mrows) == WG_QREG_LAYOUT
-        overlap = int(knobs.get("overlap", 1 if (many and mrows == 128) or one_wg_many else 0))
-        if overlap not in (0, 1):
-            raise KernelError(f"{OP}: overlap={overlap} must be 0 or 1")
         qreg = int(knobs.get("qreg", 1 if one_wg_many else 0))
         if qreg not in (0, 1) or (qreg and (wgs, mrows) != WG_QREG_LAYOUT):
             raise KernelError(f"{OP}: qreg={qreg} must be 0, or 1 with the layout "
                               f"(wgs, mrows) = {WG_QREG_LAYOUT}")
+        three = (one_wg_many and qreg == 1 and int(knobs.get("overlap", 0)) == 0
+                 and int(knobs.get("stages", 2)) == 2)
+        minb = int(knobs.get("minb", 3 if three else 1))
+        if minb not in WG_MINB or (minb > 1 and (wgs, qreg) != (1, 1)):
+            raise KernelError(f"{OP}: minb={minb} must be one of {WG_MINB} (3 only with one "
+                              "warpgroup and qreg=1: two warpgroups cannot fit 168 registers)")
+        overlap = int(knobs.get("overlap", 1 if (many and mrows == 128)
+                                or (one_wg_many and minb == 1) else 0))
+        if overlap not in (0, 1):
+            raise KernelError(f"{OP}: overlap={overlap} must be 0 or 1")
         hpc, threads, lpk = mrows, 128 * wgs, 0
-        variant, entry = _wg_variant(dt, h, wgs, mrows, overlap, qreg), "is_attn_wg"
+        variant, entry = _wg_variant(dt, h, wgs, mrows, overlap, qreg, minb), "is_attn_wg"
         min_st = 3 if overlap else 2  # the overlapped loop waits one tile further ahead
         # One warpgroup: two CTAs per SM where two fit (one's softmax overlaps the other's
-        # wgmma); two warpgroups: one CTA with the deepest ring.
-        per_sm = 2 if wgs == 1 else 1
+        # wgmma), three with the 168-register build; two warpgroups: one CTA with the
+        # deepest ring.
+        per_sm = minb if minb > 1 else (2 if wgs == 1 else 1)
         while True:
             budget = min(smem_max, smem_sm // per_sm - 1024)
             if "stages" in knobs:
@@ -347,6 +367,10 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                     stages -= 1
             if per_sm == 1 or _wg_smem(h, wgs, mrows, stages, cps_hi, qreg) <= budget:
                 break
+            if minb > 1:
+                raise KernelError(f"{OP}: minb={minb} needs {minb} CTAs per SM, but the plan's "
+                                  f"{_wg_smem(h, wgs, mrows, stages, cps_hi, qreg)} bytes of "
+                                  f"shared memory (stages={stages}) leave room for fewer")
             per_sm = 1
     elif use_mma:
         col_align, max_cps = _KT, 2048
@@ -547,7 +571,7 @@ class IndexShareKernel:
 
     ``path_override`` (None, "simt", "mma" or "wg") pins the attention path, and
     ``plan_override`` (a dict of ``PLAN_KNOBS``: splits, wm, wn, stages, merge, pipe, wgs,
-    mrows, overlap) pins parts
+    mrows, overlap, qreg, minb) pins parts
     of the plan; tests, benchmarks and sweeps use them, the defaults pick the plan the
     planner predicts fastest. ``last_plan`` is the plan of the latest ``execute``.
     """

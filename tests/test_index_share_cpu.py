@@ -842,20 +842,32 @@ def test_wg_plan_choice_and_layouts():
     assert p.threads == 256 and p.heads_per_cta == 64 and p.splits >= 2
     assert p.smem <= 227 * 1024 and p.stages >= 2
     assert p.smem == index_share._wg_smem(128, 2, 64, p.stages, p.cps)
-    # Prefill N64 (4096 rows): one warpgroup, two CTAs per SM; with Q in registers the same
-    # two CTAs get a 3-stage ring.
-    q = plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True)
-    assert (q.path, q.knobs["wgs"], q.per_sm, q.splits) == ("wg", 1, 2, 1)
-    assert (q.knobs["qreg"], q.knobs["overlap"], q.stages) == (1, 1, 3)
-    assert 2 * (q.smem + 1024) <= 228 * 1024
+    # Prefill N64 (4096 rows): one warpgroup with Q in registers, a 2-stage ring and the
+    # 168-register build: three CTAs per SM.
+    t = plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True)
+    assert (t.path, t.knobs["wgs"], t.per_sm, t.splits) == ("wg", 1, 3, 1)
+    assert (t.knobs["qreg"], t.knobs["overlap"], t.knobs["minb"], t.stages) == (1, 0, 3, 2)
+    assert t.variant.defines["IS_MINB"] == 3 and 3 * (t.smem + 1024) <= 228 * 1024
+    # Uncapped (minb 1): two CTAs per SM, which with Q in registers get a 3-stage ring and
+    # the overlapped loop.
+    q = plan(_geom(64, b=1, sq=4096), 132, True, None, False, knobs={"minb": 1}, wg_arch=True)
+    assert (q.per_sm, q.knobs["qreg"], q.knobs["overlap"], q.stages) == (2, 1, 1, 3)
+    assert "IS_MINB" not in q.variant.defines and 2 * (q.smem + 1024) <= 228 * 1024
     p = plan(_geom(64, b=1, sq=4096), 132, True, None, False, knobs={"qreg": 0, "overlap": 0},
              wg_arch=True)
-    assert (p.per_sm, p.stages) == (2, 2) and q.smem == p.smem - 16384 + 32768
-    # N128: one 128-head CTA; prefill takes the overlapped loop (which needs >= 3 stages).
+    assert (p.per_sm, p.stages, p.knobs["minb"]) == (2, 2, 1)
+    assert q.smem == p.smem - 16384 + 32768 and t.smem == p.smem - 16384
+    # N128: decode takes one 128-head CTA; prefill two 64-head blocks per row, three CTAs
+    # per SM; a pinned 128-head prefill CTA takes the overlapped loop (>= 3 stages).
     p = plan(_geom(128), 132, True, None, False, wg_arch=True)
     assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == (2, 128, 0)
     p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, wg_arch=True)
-    assert (p.knobs["mrows"], p.knobs["overlap"]) == (128, 1) and p.stages >= 3
+    assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["minb"], p.per_sm) == (1, 64, 3, 3)
+    assert p.hbk == 2 and p.grid == 2 * 4096
+    p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, knobs={"mrows": 128},
+             wg_arch=True)
+    assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == (2, 128, 1)
+    assert p.stages >= 3
     # Groups of 96 heads: one 128-row block (rows past 96 are dropped); 48: one 64-row block.
     assert plan(_geom(96), 132, True, None, False, wg_arch=True).hbk == 1
     p = plan(_geom(48), 132, True, None, False, wg_arch=True)
@@ -880,9 +892,15 @@ def test_wg_plan_declines_and_refusals():
     for knobs, match in (({"wgs": 1, "mrows": 128}, "no build"), ({"overlap": 2}, "overlap"),
                          ({"overlap": 1, "stages": 2}, r"stages=2 must be in \[3, 8\]"),
                          ({"stages": 9}, "stages"), ({"prefetch": 1}, "unknown plan knobs"),
-                         ({"qreg": 1, "wgs": 2}, "qreg=1 must be")):
+                         ({"qreg": 1, "wgs": 2}, "qreg=1 must be"),
+                         ({"minb": 2}, "minb=2 must be"), ({"minb": 3}, "minb=3 must be"),
+                         ({"minb": 3, "wgs": 2, "qreg": 0}, "minb=3 must be")):
         with pytest.raises(KernelError, match=match):
             plan(_geom(64), 132, True, "wg", False, knobs=knobs, wg_arch=True)
+    # Three CTAs per SM cannot hold 3-stage rings: refused, not silently two per SM.
+    with pytest.raises(KernelError, match="leave room for fewer"):
+        plan(_geom(64, b=1, sq=4096), 132, True, "wg", False,
+             knobs={"minb": 3, "wgs": 1, "qreg": 1, "stages": 3}, wg_arch=True)
     # Too many columns per split for shared memory: a clear refusal, not a bad launch.
     with pytest.raises(KernelError, match="shared memory"):
         plan(_geom(64, k=2048), 132, True, "wg", False, smem_max=100 * 1024,

@@ -359,13 +359,15 @@ def _wg_device(rt) -> bool:
     return rt.capabilities.arch == "sm_90"
 
 
-@pytest.mark.parametrize("shape", ["decode-g64", "decode-g128-bias", "prefill-g96-f16-h64"])
+@pytest.mark.parametrize("shape", ["decode-g64", "decode-g128-bias", "prefill-g96-f16-h64",
+                                   "prefill-many-g128"])
 def test_wg_plans_agree(rt, ledger, rng, shape):
     """The wgmma path (sm_90a): every layout (heads split across warpgroups, keys split
-    across warpgroups, one warpgroup), ring depth, split count, split merge and loop
-    (plain or overlapped) matches the reference; plans with the same layout and splits give
-    the same bits whatever the depth, merge or loop; repeated runs are bitwise equal; it is
-    the default where it applies."""
+    across warpgroups, one warpgroup), ring depth, split count, split merge, loop (plain or
+    overlapped) and register cap (minb) matches the reference; plans with the same layout
+    and splits give the same bits whatever the depth, merge, loop or cap; repeated runs are
+    bitwise equal; it is the default where it applies (with enough rows: the three-CTA
+    build)."""
     if not _wg_device(rt):
         pytest.skip("the wgmma path needs an sm_90 device")
     dt, h, bias = BF16, 128, None
@@ -374,9 +376,11 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
     elif shape == "decode-g128-bias":
         b, n, sq, past, k = 2, 128, 1, 3000, 1999
         bias = (2, 128, 1, "C")
-    else:  # many (query) tasks, two head blocks of 64 (one partial with mrows 128)
+    elif shape == "prefill-g96-f16-h64":  # two head blocks of 64 (one partial with mrows 128)
         b, n, sq, past, k, dt, h = 1, 96, 37, 700, 300, F16, 64
         bias = (96, 1, "C")
+    else:  # enough rows (>= 4 per SM) for the prefill default: 64-head CTAs, three per SM
+        b, n, sq, past, k = 1, 128, 601, 900, 257
     ins = case(rng, dtype=dt, b=b, n=n, nkv=1, sq=sq, cur=sq, past=past, h=h, k=k, hi=1,
                bias=bias, idt=np.int32, mode="none")
     nd = make_node(n, 1)
@@ -395,11 +399,17 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              {"overlap": 1, "wgs": 2, "mrows": 128, "splits": 5, "merge": "kernel"},
              # Q in registers (one warpgroup): S from the register A operand.
              {"wgs": 1, "mrows": 64, "qreg": 1},
-             {"wgs": 1, "mrows": 64, "qreg": 1, "overlap": 1, "stages": 3, "splits": 4}]
+             {"wgs": 1, "mrows": 64, "qreg": 1, "overlap": 1, "stages": 3, "splits": 4},
+             # Registers capped at 168 (three CTAs per SM): same arithmetic, same bits.
+             {"wgs": 1, "mrows": 64, "qreg": 1, "stages": 2, "minb": 3},
+             {"wgs": 1, "mrows": 64, "qreg": 1, "stages": 2, "minb": 3, "splits": 4}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
         assert kern.last_plan.path == "wg", kern.last_plan
+        if shape == "prefill-many-g128":
+            kn = kern.last_plan.knobs
+            assert (kn["wgs"], kn["mrows"], kn["qreg"], kn["minb"]) == (1, 64, 1, 3), kn
         _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg"),
                      TOL[DataType.from_numpy(dt)], repeats=2)
     finally:

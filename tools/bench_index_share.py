@@ -10,7 +10,10 @@ L2. Effective GB/s counts the gathered K and V bytes once per (batch, query, kv 
 selected key) — the heads that share an index row share its rows — against the copy
 ceiling measured in the same run. The peer is torch on the same inputs: an
 advanced-indexing gather of the selected K/V rows, then ``scaled_dot_product_attention``
-(index tensors built outside the timed region).
+(index tensors built outside the timed region). Decode rows are also timed as
+``STEP_CALLS`` calls captured in one graph (ours in one nxrt graph, torch's in one torch CUDA
+graph), as attention's decode rows are: a model's decode step is one graph of many nodes,
+so a single call per graph mostly adds the graph's own launch.
 """
 
 from __future__ import annotations
@@ -89,13 +92,56 @@ def torch_peer(torch: Any, c: dict[str, Any], s: dict, k: int = TOPK, h: int = H
 
 def capture(rt: Any, kern: Any, s: dict) -> Any:
     """Warm up eagerly on set ``s`` (compile, host validation, scratch) and capture a replay."""
-    views = [TensorView.from_array(s[x]) for x in ("q", "kk", "vv", "pk", "pv", "idx")]
-    outs = [nxrt.TensorMut.from_array(s["y"])]
+    views, outs = views_of(s)
     kern.execute(views, outs)
     rt.synchronize()
     with rt.capture() as graph:
         kern.execute(views, outs)
     return graph
+
+
+#: Decode rows also run as they do inside a model's captured decode step: this many calls in
+#: one graph (alternating the two input sets), so the graph's launch is spread over them.
+STEP_CALLS = 8
+
+
+def views_of(s: dict) -> tuple[list, list]:
+    """``execute``'s input views and output for one input set."""
+    return ([TensorView.from_array(s[x]) for x in ("q", "kk", "vv", "pk", "pv", "idx")],
+            [nxrt.TensorMut.from_array(s["y"])])
+
+
+def _in_one_graph(ctx: BenchContext, c: dict[str, Any], kern: Any, sets: list[dict],
+                  peers: list) -> dict[str, float]:
+    """Milliseconds per call of STEP_CALLS calls captured in one graph (sets alternating),
+    for ours and for the torch peer (a torch CUDA graph of the same calls)."""
+    torch, rt = ctx.torch, ctx.rt
+    reps = max(1, STEP_CALLS // len(sets))
+    calls = reps * len(sets)
+    io = [views_of(s) for s in sets]
+    for ins, outs in io:  # warm: host validation, scratch
+        kern.execute(ins, outs)
+    rt.synchronize()
+    with rt.capture() as graph:
+        for _ in range(reps):
+            for ins, outs in io:
+                kern.execute(ins, outs)
+    try:
+        ms = ctx.time_ours(graph.replay) / calls
+        rt.latch.check()
+    finally:
+        graph.destroy()
+    for p in peers:
+        p()
+    torch.cuda.synchronize()
+    tg = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(tg):
+        for _ in range(reps):
+            for p in peers:
+                p()
+    tms = ctx.time_torch(tg.replay, warmup=2, reps=10) / calls
+    del tg
+    return dict(ms=ms, peer_ms=tms, calls=calls)
 
 
 def gathered_bytes(c: dict[str, Any], k: int = TOPK, h: int = HEAD) -> int:
@@ -141,7 +187,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
         words = [f"mma{kn['wm']}x{kn['wn']}", f"st{kn['stages']}", f"S{kn['splits']}{kn['merge']}"]
     elif path == "wg":
         words = [f"wg{kn['wgs']}x{kn['mrows']}", *(["qreg"] if kn["qreg"] else []),
-                 *(["overlap"] if kn["overlap"] else []), f"st{kn['stages']}",
+                 *(["overlap"] if kn["overlap"] else []),
+                 *([f"{kn['minb']}/SM"] if kn.get("minb", 1) > 1 else []), f"st{kn['stages']}",
                  f"S{kn['splits']}{kn['merge']}"]
     else:
         words = [path, f"S{kn['splits']}", kn["merge"]]
@@ -152,6 +199,15 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     rows = [row("index_share", name, "GB/s", gbps, "copy-bandwidth", ceiling,
                 of_ceiling=None if not ceiling else gbps / ceiling, **extra),
             row("index_share", name, "1/ms", 1.0 / ms, "torch-gather-sdpa", 1.0 / tms, **extra)]
+    if c["kind"] == "decode":
+        g = _in_one_graph(ctx, c, kern, sets, peers)
+        gname = f"{name}, {g['calls']} calls in one graph"
+        ggbps = gathered_bytes(c) / g["ms"] / 1e6
+        gextra = dict(ms=round(g["ms"], 4), peer_ms=round(g["peer_ms"], 4))
+        rows += [row("index_share", gname, "GB/s", ggbps, "copy-bandwidth", ceiling,
+                     of_ceiling=None if not ceiling else ggbps / ceiling, **gextra),
+                 row("index_share", gname, "1/ms", 1.0 / g["ms"], "torch-gather-sdpa, same graph",
+                     1.0 / g["peer_ms"], **gextra)]
     graphs.clear()  # destroys the graphs before the kernel frees its scratch
     kern.close()
     return rows

@@ -107,6 +107,10 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("prefill", 64): [
         ("default", None),
+        ("wgqo:1x64-2/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
+                            "overlap": 1, "minb": 1}),
+        ("wgq:1x64-st2-3/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
+                               "stages": 2, "minb": 3}),
         ("wg:2x64", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 1}),
         ("wg:2x64-st2", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 1}),
         ("wg:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1}),
@@ -129,6 +133,8 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("prefill", 128): [
         ("default", None),
+        ("wgq:1x64-st2-3/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
+                               "stages": 2, "minb": 3}),
         ("wg:2x128", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 1}),
         ("wg:2x128-st3", {"path": "wg", "wgs": 2, "mrows": 128, "stages": 3, "splits": 1}),
         ("wg:1x64", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1}),
@@ -155,8 +161,9 @@ def shape_name(c: dict[str, Any]) -> str:
 
 def plan_text(p: dict[str, Any]) -> str:
     if p.get("path") == "wg":
+        per_sm = f" {p['minb']}/SM" if (p.get("minb") or 1) > 1 else ""
         return (f"wg{'q' if p.get('qreg') else ''}{'o' if p.get('overlap') else ''} "
-                f"{p['wgs']}x{p['mrows']} st{p['stages']} "
+                f"{p['wgs']}x{p['mrows']}{per_sm} st{p['stages']} "
                 f"S{p['splits']} {p['merge']} "
                 f"g{p['grid']} {p['smem'] // 1024}K")
     if p.get("path") != "mma":

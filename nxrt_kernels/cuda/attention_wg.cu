@@ -366,17 +366,23 @@ __device__ __forceinline__ void issue_s(float (&s)[NS], unsigned qa, unsigned sK
 }
 
 // O += P V: P from registers (k-step kk = keys 16 kk .. +15), V at sV N-major; issued only.
+// D 128: one m64n128k16 per k-step (the A registers read once, not once per 64 channels).
 __device__ __forceinline__ void issue_pv(float (&o)[HB][32], const unsigned (&pa)[BN / 16][4],
                                          unsigned sV) {
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb)
-            wg_rs(o[qb], pa[kk], desc_sw128(sV + qb * TBLK + kk * (16 * 128), TBLK, 1024));
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#if HEAD_DIM == 128
+        wg_rs128(o[0], o[1], pa[kk], desc_sw128(sV + kk * (16 * 128), TBLK, 1024));
+#else
+        wg_rs(o[0], pa[kk], desc_sw128(sV + kk * (16 * 128), TBLK, 1024));
+#endif
+    }
 }
 
-// Rows x = 0 (g) / 1 (g + 8) of O scaled by alpha[x].
+// Rows x = 0 (g) / 1 (g + 8) of O scaled by alpha[x]; skipped when no row of the warp has a
+// new maximum (alpha 1: x * 1 is exact), which is most tiles once the maxima settle.
 __device__ __forceinline__ void rescale_o(float (&o)[HB][32], const float (&alpha)[2]) {
+    if (!__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) return;
 #pragma unroll
     for (int qb = 0; qb < HB; ++qb)
 #pragma unroll
@@ -406,13 +412,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], const Work& w, cons
                                              const T* __restrict__ mask, float (&m_run)[2],
                                              float (&l_run)[2], float (&alpha)[2]) {
     const bool check = !tile_fully_visible(w, BM, kb, BN, Sq, Sk, causal, window);
+    // Fast tiles keep the raw scores: the maxima are taken raw and scaled once (scale > 0 and
+    // rounding is monotonic, so max(s) * c == max(s * c) exactly), and the scale folds into
+    // the exponent's FFMA below.
+    const bool raw = !general && !check;
     float tmax[2] = {neg_inf(), neg_inf()};
-    if (!general && !check) {
+    if (raw) {
 #pragma unroll
-        for (int i = 0; i < NS; ++i) {
-            s[i] *= scale_log2;
-            tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
-        }
+        for (int i = 0; i < NS; ++i) tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
+        tmax[0] *= scale_log2;
+        tmax[1] *= scale_log2;
     } else {
         // Tile column c (key kb + c) is visible to row x iff lo[x] <= c < hi[x] (visible():
         // key < Sk, key <= p if causal, p - key <= window if windowed).
@@ -468,10 +477,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NS], const Work& w, cons
         alpha[x] = online_rescale(m_run[x], tmax[x], m_use[x]);
         l_run[x] *= alpha[x];
     }
+    // One FFMA per element either way: raw tiles scale here, the others were scaled above
+    // (times 1 is exact); a masked -inf gives 0.
+    const float k = raw ? scale_log2 : 1.f;
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
         const int x = (i >> 1) & 1;
-        const float p = exp2f(s[i] - m_use[x]);
+        const float p = ex2_ftz(fmaf(s[i], k, -m_use[x]));
         l_run[x] += p;
         s[i] = p;
     }

@@ -33,7 +33,9 @@
 // pipelining, S(t+1) issued before P(t) V(t) so softmax(t+1) overlaps the tensor cores;
 // needs a ring of >= 3 stages), IS_QREG (1: Q lives in registers as the A operand of
 // S = Q K^T instead of shared memory: 16 KB less per CTA, so two one-warpgroup CTAs per SM
-// fit a 3-stage ring).
+// fit a 3-stage ring), IS_MINB (__launch_bounds__ min blocks, default 1; 3 caps a Q-in-
+// registers warpgroup at 168 registers so three CTAs with 2-stage rings share an SM: the
+// prefill build, which spills a few words in the softmax and still wins on latency hiding).
 #include "index_share_mma.cuh"
 
 #ifndef IS_HD
@@ -50,6 +52,9 @@
 #endif
 #ifndef IS_QREG
 #define IS_QREG 0
+#endif
+#ifndef IS_MINB
+#define IS_MINB 1  // __launch_bounds__ min blocks: 3 caps registers at 168 (3 CTAs per SM)
 #endif
 #if IS_DTYPE == 1
 #define NXRT_WG_AB "f16.f16"
@@ -100,7 +105,7 @@ __device__ __forceinline__ float is_quad_sum(float v) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_ATTN_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int ST = stages < 2 ? 2 : (stages > IS_MAX_STAGES ? IS_MAX_STAGES : stages);
   {
@@ -232,10 +237,13 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_P
     for (int qb = 0; qb < IS_HB; ++qb) fence_regs(o[qb]);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-      for (int qb = 0; qb < IS_HB; ++qb)
-        wg_rs(o[qb], pa[kk], desc_sw128(sV + qb * IS_TBLK + kk * (16 * 128), IS_TBLK, 1024));
+    for (int kk = 0; kk < 4; ++kk) {
+#if IS_HD == 128  // one m64n128k16 per k-step: the P registers read once
+      wg_rs128(o[0], o[1], pa[kk], desc_sw128(sV + kk * (16 * 128), IS_TBLK, 1024));
+#else
+      wg_rs(o[0], pa[kk], desc_sw128(sV + kk * (16 * 128), IS_TBLK, 1024));
+#endif
+    }
     wg_commit();
   };
   // Online softmax of tile `tile` in place: raw scores become P = 2^(logit - m) (f32);
@@ -244,12 +252,15 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_P
   auto softmax = [&](float (&sc)[32], int tile, float (&corr)[2]) {
     const int kc = tile * IS_KT + 64 * kw;  // this warpgroup's first column of the tile
     float tmax[2] = {is_neg_inf(), is_neg_inf()};
-    if (!has_bias && (tile + 1) * IS_KT <= live && !s_hole) {  // uniform: every key live
+    // Uniform: every key of the tile live. Such tiles keep the raw scores: the maxima are
+    // taken raw and scaled once (scale > 0 and rounding is monotonic, so max(s) * c ==
+    // max(s * c) exactly) and the scale folds into the exponent's FMA below.
+    const bool raw = !has_bias && (tile + 1) * IS_KT <= live && !s_hole;
+    if (raw) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        sc[i] = __fmul_rn(sc[i], scale_log2);
-        tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], sc[i]);
-      }
+      for (int i = 0; i < 32; ++i) tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], sc[i]);
+      tmax[0] = __fmul_rn(tmax[0], scale_log2);
+      tmax[1] = __fmul_rn(tmax[1], scale_log2);
     } else {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
@@ -277,11 +288,15 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, 1) is_attn_wg(IS_ATTN_P
       m_run[x] = mn;
       l_run[x] = __fmul_rn(l_run[x], corr[x]);
     }
+    // P = 2^(logit - m), flushed to zero below 2^-126 (ex2_ftz: one MUFU per element). One
+    // FMA per element either way: raw tiles scale here, the others were scaled above (times
+    // 1 is exact); a masked -inf gives 0.
+    const float k = raw ? scale_log2 : 1.f;
 #pragma unroll
     for (int i = 0; i < 32; i += 2) {
       const int x = (i >> 1) & 1;
-      sc[i] = exp2f(__fsub_rn(sc[i], muse[x]));
-      sc[i + 1] = exp2f(__fsub_rn(sc[i + 1], muse[x]));
+      sc[i] = ex2_ftz(__fmaf_rn(sc[i], k, -muse[x]));
+      sc[i + 1] = ex2_ftz(__fmaf_rn(sc[i + 1], k, -muse[x]));
       l_run[x] = __fadd_rn(__fadd_rn(l_run[x], sc[i]), sc[i + 1]);
     }
   };
