@@ -39,10 +39,10 @@ wgmma M dimension, S = Q K^T and O += P V issued asynchronously straight from th
 cp.async ring; layouts (warpgroups, head rows) in ``WG_LAYOUTS`` and the knobs ``wgs``,
 ``mrows``, ``overlap`` (FA3's intra-warpgroup pipelining), ``qreg`` (Q in registers) and
 ``minb`` (3: registers capped so three CTAs share an SM, the prefill default);
-``NXRT_INDEX_SHARE_WG=0`` turns it off. Decode rows split the selected keys over CTAs until they fill the GPU; the task's last
-CTA merges the split partials in split order. Every path is bitwise deterministic: fixed
-reduction orders, no floating-point atomics, and the plan depends only on shapes and the
-device.
+``NXRT_INDEX_SHARE_WG=0`` turns it off. Decode rows split the selected keys over CTAs
+until they fill the GPU; the task's last CTA merges the split partials in split order.
+Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
+and the plan depends only on shapes and the device.
 """
 
 from __future__ import annotations

@@ -733,19 +733,31 @@ __device__ __forceinline__ unsigned bar_vempty(unsigned bars, int s) {
 
 // Producer thread p's copies of the BN key rows from key j0 into a swizzled tile (zero-fill
 // past Sk). p copies chunk c = p % CH of rows p / CH + k NTP / CH; NTP / CH is a multiple of
-// 8, so the swizzled chunk position is the same in all of them.
-__device__ __forceinline__ void produce_tile(unsigned char* dst, const T* __restrict__ base,
+// 8, so the swizzled chunk position is the same in all of them: one shared address and one
+// source pointer per thread, each advanced by a constant per row (no per-row index math:
+// this loop is the producer's whole issue cost, and the consumers wait on it).
+__device__ __forceinline__ void produce_tile(unsigned dst, const T* __restrict__ base,
                                              long long s_s, int j0, int Sk, int p) {
     constexpr int RSTEP = NTP / CH;
     const int c = p % CH;
     const int r0 = p / CH;
-#pragma unroll 4
+    const T* src = base + (long long)(j0 + r0) * s_s + c * 8;
+    const unsigned d = dst + sw_off(r0, c, TBLK);
+    if (j0 + BN <= Sk && s_s == DP) {
+        // Every row in range and rows packed (the usual [.., S, D] layout): constant offsets,
+        // one instruction per copy.
+#pragma unroll
+        for (int k = 0; k < BN / RSTEP; ++k)
+            cp_async_16_s(d + k * RSTEP * 128, src + k * RSTEP * DP, 16);
+        return;
+    }
+    const int left = Sk - j0 - r0;  // row k is in range iff k RSTEP < left
+    const long long step = (long long)RSTEP * s_s;
+#pragma unroll
     for (int k = 0; k < BN / RSTEP; ++k) {
-        const int rr = r0 + k * RSTEP;
-        const int j = j0 + rr;
-        const bool ok = j < Sk;
-        const T* src = ok ? base + (long long)j * s_s + c * 8 : base;
-        cp_async_16(dst + sw_off(rr, c, TBLK), src, ok ? 16 : 0);
+        const bool ok = k * RSTEP < left;
+        cp_async_16_s(d + k * RSTEP * 128, ok ? src : base, ok ? 16 : 0);
+        src += step;
     }
 }
 
@@ -822,19 +834,19 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
                 cp_async_mbar_arrive(bar_q(bars));
             }
             // K(0); then per it: K(it + 1), V(it) (the order the consumers need them).
-            produce_tile(smem + OFF_K, kbase, k_ss, w.t_beg * BN, Sk, p);
+            produce_tile(sbase + OFF_K, kbase, k_ss, w.t_beg * BN, Sk, p);
             cp_async_mbar_arrive(bar_kfull(bars, 0));
             for (int it = 0; it < n_tiles; ++it) {
                 if (it + 1 < n_tiles) {
                     const int j = it + 1, slot = j % NST, u = j / NST;
                     if (u > 0) mbar_wait(bar_kempty(bars, slot), (u - 1) & 1);
-                    produce_tile(smem + OFF_K + slot * T_BYTES, kbase, k_ss, (w.t_beg + j) * BN,
+                    produce_tile(sbase + OFF_K + slot * T_BYTES, kbase, k_ss, (w.t_beg + j) * BN,
                                  Sk, p);
                     cp_async_mbar_arrive(bar_kfull(bars, slot));
                 }
                 const int slot = it % NST, u = it / NST;
                 if (u > 0) mbar_wait(bar_vempty(bars, slot), (u - 1) & 1);
-                produce_tile(smem + OFF_V + slot * T_BYTES, vbase, v_ss, (w.t_beg + it) * BN, Sk,
+                produce_tile(sbase + OFF_V + slot * T_BYTES, vbase, v_ss, (w.t_beg + it) * BN, Sk,
                              p);
                 cp_async_mbar_arrive(bar_vfull(bars, slot));
             }

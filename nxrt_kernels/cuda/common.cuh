@@ -138,6 +138,11 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes) : "memory");
 }
+// The same with the shared-memory address already converted (a loop can add to it).
+__device__ __forceinline__ void cp_async_16_s(unsigned smem_addr, const void* gmem, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_addr), "l"(gmem), "r"(src_bytes) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
