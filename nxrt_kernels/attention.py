@@ -129,7 +129,8 @@ WG_DEFAULT = True
 #: 40/232), two consumer warpgroups run schedule 2's loop and ping-pong on named barriers
 #: (384 threads, one CTA per SM); 5 = 4 with a 3-stage ring. H200 sweep (bf16, 2026-11-30):
 #: schedule 4 at 1.03-1.27x torch's flash backend on the S >= 4096 rows (405 TFLOP/s at
-#: D128 S8192 against 312 for schedule 2).
+#: D128 S8192 against 312 for schedule 2); with the leaner softmax and producer of
+#: benchmarks/NOTES.md round 4, 630-637 TFLOP/s there (0.97-0.99x cuDNN).
 WG_BUILD: dict[int, tuple[int, int, int]] = {64: (4, 128, 1), 128: (4, 128, 1)}
 WG_ROWS = 128
 #: ``auto`` uses ``wg`` from this many packed query rows (G·Sq) on: a prefill shape.
