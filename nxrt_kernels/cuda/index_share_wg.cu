@@ -279,10 +279,20 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
     // max(s * c) exactly) and the scale folds into the exponent's FMA below.
     const bool raw = !has_bias && (tile + 1) * IS_KT <= live && !s_hole;
     if (raw) {
+      // Two independent chains per row, combined in a fixed order (max is exact anyway).
+      float t2[2][2];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], sc[i]);
-      tmax[0] = __fmul_rn(tmax[0], scale_log2);
-      tmax[1] = __fmul_rn(tmax[1], scale_log2);
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) t2[x][q] = is_neg_inf();
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int x = (i >> 1) & 1, q = (i >> 2) & 1;
+        t2[x][q] = fmaxf(t2[x][q], sc[i]);
+      }
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+        tmax[x] = __fmul_rn(fmaxf(t2[x][0], t2[x][1]), scale_log2);
     } else {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
@@ -312,15 +322,19 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
     }
     // P = 2^(logit - m), flushed to zero below 2^-126 (ex2_ftz: one MUFU per element). One
     // FMA per element either way: raw tiles scale here, the others were scaled above (times
-    // 1 is exact); a masked -inf gives 0.
+    // 1 is exact); a masked -inf gives 0. The row sums go to two partial sums per row
+    // (independent chains), added in a fixed order (every wg plan shares this code).
     const float k = raw ? scale_log2 : 1.f;
+    float l2[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
-    for (int i = 0; i < 32; i += 2) {
-      const int x = (i >> 1) & 1;
+    for (int i = 0; i < 32; ++i) {
+      const int x = (i >> 1) & 1, q = (i >> 2) & 1;
       sc[i] = ex2_ftz(__fmaf_rn(sc[i], k, -muse[x]));
-      sc[i + 1] = ex2_ftz(__fmaf_rn(sc[i + 1], k, -muse[x]));
-      l_run[x] = __fadd_rn(__fadd_rn(l_run[x], sc[i]), sc[i + 1]);
+      l2[x][q] = __fadd_rn(l2[x][q], sc[i]);
     }
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+      l_run[x] = __fadd_rn(l_run[x], __fadd_rn(l2[x][0], l2[x][1]));
   };
   // P as the A operand of P V: k-step kk covers keys 16 kk .. +15; registers 0/2 row g
   // (keys lo/hi 8), 1/3 row g + 8.
