@@ -86,6 +86,22 @@ class BenchContext:
             times.append(a.elapsed_time(b))
         return float(np.median(times))
 
+    def time_torch_graph(self, fns: list[Callable[[], Any]], repeat: int, warmup: int = 3,
+                         reps: int = 20) -> float:
+        """Median milliseconds per call of ``fns`` run ``repeat`` times over, all captured in
+        one torch CUDA graph (each fn is run once eagerly first: allocations, autotuning)."""
+        torch = self.torch
+        assert torch is not None
+        for fn in fns:
+            fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(repeat):
+                for fn in fns:
+                    fn()
+        return self.time_torch(graph.replay, warmup=warmup, reps=reps) / (repeat * len(fns))
+
     def measure_ceilings(self) -> dict[str, float]:
         nbytes = (256 << 20) if self.quick else (2 << 30)
         src, dst = self.rt.alloc_raw(nbytes), self.rt.alloc_raw(nbytes)

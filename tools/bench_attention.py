@@ -237,18 +237,9 @@ def _decode_steps(ctx: Any, rows: list[dict], B: int, H: int, Hkv: int, D: int, 
 
             calls_t = [_sdpa(ctx, SDPBackend.FLASH_ATTENTION, *s, False, gqa=True)[0]
                        for s in sets]
-            for c in calls_t:
-                c()
-            torch.cuda.synchronize()
-            tg = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(tg):
-                for _ in range(reps):
-                    for c in calls_t:
-                        c()
-            tms = ctx.time_torch(tg.replay) / calls
+            tms = ctx.time_torch_graph(calls_t, reps)
             rows.append(row("attention", case, "GB/s", gbps, "torch-sdpa-flash",
                             nbytes / tms / 1e6))
-            del tg
         except Exception as exc:
             ctx.log(f"{case}: torch flash in a graph unavailable: {type(exc).__name__}: {exc}")
         ctx.log(f"{case}: ours {gbps:.0f} GB/s over {nsets} input sets")

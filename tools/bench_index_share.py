@@ -111,11 +111,11 @@ def views_of(s: dict) -> tuple[list, list]:
             [nxrt.TensorMut.from_array(s["y"])])
 
 
-def _in_one_graph(ctx: BenchContext, c: dict[str, Any], kern: Any, sets: list[dict],
+def _in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],
                   peers: list) -> dict[str, float]:
     """Milliseconds per call of STEP_CALLS calls captured in one graph (sets alternating),
     for ours and for the torch peer (a torch CUDA graph of the same calls)."""
-    torch, rt = ctx.torch, ctx.rt
+    rt = ctx.rt
     reps = max(1, STEP_CALLS // len(sets))
     calls = reps * len(sets)
     io = [views_of(s) for s in sets]
@@ -131,16 +131,7 @@ def _in_one_graph(ctx: BenchContext, c: dict[str, Any], kern: Any, sets: list[di
         rt.latch.check()
     finally:
         graph.destroy()
-    for p in peers:
-        p()
-    torch.cuda.synchronize()
-    tg = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(tg):
-        for _ in range(reps):
-            for p in peers:
-                p()
-    tms = ctx.time_torch(tg.replay, warmup=2, reps=10) / calls
-    del tg
+    tms = ctx.time_torch_graph(peers, reps, warmup=2, reps=10)
     return dict(ms=ms, peer_ms=tms, calls=calls)
 
 
@@ -200,7 +191,7 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
                 of_ceiling=None if not ceiling else gbps / ceiling, **extra),
             row("index_share", name, "1/ms", 1.0 / ms, "torch-gather-sdpa", 1.0 / tms, **extra)]
     if c["kind"] == "decode":
-        g = _in_one_graph(ctx, c, kern, sets, peers)
+        g = _in_one_graph(ctx, kern, sets, peers)
         gname = f"{name}, {g['calls']} calls in one graph"
         ggbps = gathered_bytes(c) / g["ms"] / 1e6
         gextra = dict(ms=round(g["ms"], 4), peer_ms=round(g["peer_ms"], 4))
