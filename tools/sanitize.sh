@@ -80,7 +80,8 @@ python3 -m nxrt.cli warm > "$OUT/warm.log" 2>&1 || echo "warning: nxrt warm fail
 # path, RoPE writes, slot -1; IndexShare SIMT and MMA paths, capacity frontier/scatter,
 # concat copies, split-K combine, device index validation with poisoned rows; out-of-range
 # block/slot/position ids that must latch instead of faulting).
-ATTN_K="(test_vs_reference and (q17k128D64 or q1k17D80 or q128k17D64 or q17k17D80)) \
+ATTN_K="(test_vs_reference and (q17k128D64 or q1k17D80 or q128k17D64 or q17k17D80 \
+or q128k1000D64)) \
 or test_split_kv or test_simt_fallback or test_empty_keys or test_strided_views \
 or test_large_head_dim"
 PAGED_K="test_simple_odd_head or test_simple_path_on_mla_shapes or test_mla_32_key_tiles \
