@@ -317,9 +317,8 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # Layout and loop (H200 sweeps, benchmarks/NOTES.md). Decode (few rows): groups above
         # 64 heads take one 128-head CTA (two warpgroups), 64-head blocks two warpgroups
         # splitting each tile's keys (one CTA per SM with the deepest ring). Prefill (many
-        # rows): one-warpgroup 64-head CTAs, three per SM (below).
-        # Many rows (prefill) take 64-head one-warpgroup CTAs at every group size (below):
-        # N 128 as two head blocks per row, 1.97 vs 2.13 ms for one 128-head CTA (H200).
+        # rows): one-warpgroup 64-head CTAs, three per SM (below), at every group size (N 128
+        # as two head blocks per row: 1.97 vs 2.13 ms for one 128-head CTA).
         many = g.batch * g.q_len * g.kv_heads >= 4 * sm_count
         mrows = int(knobs.get("mrows", 128 if g.group > 64 and not many else 64))
         wgs = int(knobs.get("wgs", 1 if (many and mrows == 64) else 2))

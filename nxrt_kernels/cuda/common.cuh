@@ -134,14 +134,13 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4],
 // ---- cp.async (sm_80+) -----------------------------------------------------------------
 // Copies 16 bytes global -> shared; with src_bytes < 16 the rest is zero-filled (0: all
 // zeros, nothing is read, but `src` must still be a valid address to keep tools quiet).
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
-                 :: "r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes) : "memory");
-}
-// The same with the shared-memory address already converted (a loop can add to it).
+// (cp_async_16_s: to an already converted shared address, which a loop can add to.)
 __device__ __forceinline__ void cp_async_16_s(unsigned smem_addr, const void* gmem, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
                  :: "r"(smem_addr), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+    cp_async_16_s(smem_u32(smem), gmem, src_bytes);
 }
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");

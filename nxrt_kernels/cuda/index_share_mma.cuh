@@ -15,9 +15,13 @@ __device__ __forceinline__ unsigned is_smem_addr(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
 // 16-byte global→shared copy; nbytes == 0 zero-fills the destination without reading.
+// is_cp_async16_s takes the shared address already converted (a loop can add to it).
+__device__ __forceinline__ void is_cp_async16_s(unsigned dst, const void* src, int nbytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(nbytes));
+}
 __device__ __forceinline__ void is_cp_async16(void* dst, const void* src, int nbytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(is_smem_addr(dst)),
-               "l"(src), "r"(nbytes));
+  is_cp_async16_s(is_smem_addr(dst), src, nbytes);
 }
 __device__ __forceinline__ void is_cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 #define is_cp_async_wait(n) asm volatile("cp.async.wait_group %0;\n" ::"n"(n))

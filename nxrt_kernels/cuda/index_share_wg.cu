@@ -94,13 +94,6 @@ __device__ __forceinline__ unsigned is_smem_u32(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
 
-// 16-byte global -> shared copy to an already converted shared address (zero-fill when
-// nbytes == 0, without a read).
-__device__ __forceinline__ void is_cp_async16_s(unsigned dst, const void* src, int nbytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(nbytes));
-}
-
 __device__ __forceinline__ float is_quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(IS_FULL, v, 1));
   return fmaxf(v, __shfl_xor_sync(IS_FULL, v, 2));

@@ -74,19 +74,17 @@ __device__ __forceinline__ void wg_rs(float (&d)[32], const unsigned (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(kTransB));
 }
 
-// D(64x128, f32) (+)= A(64x16, registers) * B(16x128, smem), one instruction where two
-// m64n64k16 would read the A registers twice. N-major B (kTransB = 1: V in P V; LBO = bytes
-// to the next 64 columns, i.e. the next 64-channel block, SBO = 1024 = next 8 keys) or
-// K-major B (kTransB = 0: K in S = Q K^T with Q in registers). The accumulator is the two
-// 64-column halves d0 (columns 0-63) and d1 (64-127), each in m64n64k16's layout
-// (m64n128k16's register 32 + i is register i of d1); scale_d = 0 overwrites.
-template <int kTransB = 1>
+// D(64x128, f32) += A(64x16, registers) * B(16x128, smem, N-major: V in P V), one
+// instruction where two m64n64k16 would read the A registers twice. B's descriptor: LBO =
+// bytes to the next 64 columns (the next 64-channel block), SBO = 1024 (next 8 keys). The
+// accumulator is the two 64-column halves d0 (columns 0-63) and d1 (64-127), each in
+// m64n64k16's layout (m64n128k16's register 32 + i is register i of d1).
 __device__ __forceinline__ void wg_rs128(float (&d0)[32], float (&d1)[32], const unsigned (&a)[4],
-                                         unsigned long long db, int scale_d = 1) {
+                                         unsigned long long db) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32." NXRT_WG_AB " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
         : "+f"(d0[0]), "+f"(d0[1]), "+f"(d0[2]), "+f"(d0[3]), "+f"(d0[4]), "+f"(d0[5]), "+f"(d0[6]), "+f"(d0[7]),
           "+f"(d0[8]), "+f"(d0[9]), "+f"(d0[10]), "+f"(d0[11]), "+f"(d0[12]), "+f"(d0[13]), "+f"(d0[14]), "+f"(d0[15]),
           "+f"(d0[16]), "+f"(d0[17]), "+f"(d0[18]), "+f"(d0[19]), "+f"(d0[20]), "+f"(d0[21]), "+f"(d0[22]), "+f"(d0[23]),
@@ -95,7 +93,7 @@ __device__ __forceinline__ void wg_rs128(float (&d0)[32], float (&d1)[32], const
           "+f"(d1[8]), "+f"(d1[9]), "+f"(d1[10]), "+f"(d1[11]), "+f"(d1[12]), "+f"(d1[13]), "+f"(d1[14]), "+f"(d1[15]),
           "+f"(d1[16]), "+f"(d1[17]), "+f"(d1[18]), "+f"(d1[19]), "+f"(d1[20]), "+f"(d1[21]), "+f"(d1[22]), "+f"(d1[23]),
           "+f"(d1[24]), "+f"(d1[25]), "+f"(d1[26]), "+f"(d1[27]), "+f"(d1[28]), "+f"(d1[29]), "+f"(d1[30]), "+f"(d1[31])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(kTransB));
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
 // 2^x as one MUFU.EX2 (flush-to-zero): exp2f's non-ftz form spends a compare and two
