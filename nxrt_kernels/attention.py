@@ -127,12 +127,20 @@ WG_DEFAULT = True
 #: 1 = FA3-style overlap inside each warpgroup; 2 = 1 with 128-key tiles; 3 = 2 with a 3-stage
 #: ring; 4 = warp-specialized: a producer warpgroup fills an mbarrier ring (setmaxnreg
 #: 40/232), two consumer warpgroups run schedule 2's loop and ping-pong on named barriers
-#: (384 threads, one CTA per SM); 5 = 4 with a 3-stage ring. H200 sweep (bf16, 2026-11-30):
-#: schedule 4 at 1.03-1.27x torch's flash backend on the S >= 4096 rows (405 TFLOP/s at
-#: D128 S8192 against 312 for schedule 2); with the leaner softmax and producer of
-#: benchmarks/NOTES.md round 4, 630-637 TFLOP/s there (0.97-0.99x cuDNN).
-WG_BUILD: dict[int, tuple[int, int, int]] = {64: (4, 128, 1), 128: (4, 128, 1)}
+#: (384 threads, one CTA per SM); 5 = 4 with a 3-stage ring; 6 = 4 as a persistent kernel (one
+#: CTA per SM looping over the work items: the producer streams the next item's Q and first
+#: tiles under the consumers' last P V and store); 7 = 6 with the items dealt longest first in
+#: snake order (causal balance). H200 sweeps (2026-11-30, benchmarks/NOTES.md, round 5): 6 is
+#: 3-9 % faster than 4 at D128 without causal masking and 2-3 % slower at D64; 7 is 2-10 %
+#: faster than 4 under causal masking (and 6-9 % slower than 6 without: its CTAs spread over
+#: all heads, and L2 keeps fewer K/V rows). Calls without causal masking use WG_BUILD's
+#: schedule, causal ones WG_CAUSAL's (same keys per tile and min blocks).
+WG_BUILD: dict[int, tuple[int, int, int]] = {64: (4, 128, 1), 128: (6, 128, 1)}
+WG_CAUSAL: dict[int, int] = {64: 7, 128: 7}
 WG_ROWS = 128
+#: Cap on the CTAs of a persistent wgmma launch (None: one per SM). The GPU tests set it low
+#: so that every CTA loops over many work items.
+WG_MAX_CTAS: int | None = None
 #: ``auto`` uses ``wg`` from this many packed query rows (G·Sq) on: a prefill shape.
 WG_MIN_ROWS = 128
 
@@ -321,17 +329,38 @@ def wg_keys(D: int) -> int:
     return WG_BUILD[D][1]
 
 
-def wg_threads(D: int) -> int:
+def wg_sched(D: int, causal: bool = False) -> int:
+    """attention_wg.cu schedule of the wgmma build at head dim D (``causal``: for a call with
+    causal masking, :data:`WG_CAUSAL`'s when it names one)."""
+    return WG_CAUSAL.get(D, WG_BUILD[D][0]) if causal else WG_BUILD[D][0]
+
+
+def wg_threads(D: int, causal: bool = False) -> int:
     """Threads per CTA of the wgmma build at head dim D (384 for the warp-specialized ones)."""
-    return 384 if WG_BUILD[D][0] >= 4 else 256
+    return 384 if wg_sched(D, causal) >= 4 else 256
 
 
-def wg_smem_bytes(D: int) -> int:
+def wg_persistent(D: int, causal: bool = False) -> bool:
+    """Whether the wgmma build at head dim D is persistent (schedules 6-7: a grid of at most
+    one CTA per SM, each looping over work items)."""
+    return wg_sched(D, causal) >= 6
+
+
+def wg_grid(items: int, sm_count: int) -> int:
+    """CTAs of a persistent wgmma launch over ``items`` work items: one per SM, at most
+    :data:`WG_MAX_CTAS` when that is set."""
+    n = min(items, sm_count)
+    if WG_MAX_CTAS is not None:
+        n = min(n, WG_MAX_CTAS)
+    return max(1, n)
+
+
+def wg_smem_bytes(D: int, causal: bool = False) -> int:
     """Dynamic shared memory of the wgmma kernel at head dim D (as SMEM_BYTES in
     attention_wg.cu): Q [128 x D] and 2 (3 for schedules 3 and 5) stages of K and V
-    [keys x D], the mbarriers of schedules 4 and 5, plus 1024 bytes of slack to align the
+    [keys x D], the mbarriers of schedules 4-7, plus 1024 bytes of slack to align the
     swizzle atoms."""
-    sched, keys, _ = WG_BUILD[D]
+    sched, keys = wg_sched(D, causal), WG_BUILD[D][1]
     stages = 3 if sched in (3, 5) else 2
     barriers = 256 if sched >= 4 else 0  # the producer/consumer mbarriers
     return (D // 64) * (WG_ROWS * 128 + 2 * stages * keys * 128) + barriers + 1024
@@ -552,8 +581,8 @@ def _tc_variant(dtype: DataType, dp: int) -> Variant:
                    {"NXRT_T": CTYPE[dtype], "HEAD_DIM": dp, "BLOCK_N": bn, "NWARPS": nwarps})
 
 
-def _wg_variant(dtype: DataType, D: int) -> Variant:
-    sched, _, min_blocks = WG_BUILD[D]
+def _wg_variant(dtype: DataType, D: int, causal: bool = False) -> Variant:
+    sched, min_blocks = wg_sched(D, causal), WG_BUILD[D][2]
     defines = {"NXRT_BF16": int(dtype == DataType.BFLOAT16), "HEAD_DIM": D, "MIN_BLOCKS": min_blocks}
     if sched:
         defines["NXRT_WG_SCHED"] = sched
@@ -588,7 +617,11 @@ def compile_variants() -> list[Variant]:
     out = [_tc_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in TC_TILES]
     for dt in SUPPORTED:
         out += [_simt_variant(dt), _rows_variant(dt), _gemm_variant(dt)]
-    out += [_wg_variant(dt, D) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for D in WG_BUILD]
+    for dt in (DataType.FLOAT16, DataType.BFLOAT16):
+        for D in WG_BUILD:
+            out += [_wg_variant(dt, D)]
+            if wg_sched(D, True) != wg_sched(D):
+                out += [_wg_variant(dt, D, True)]
     out += [_dec_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in DEC_TILES]
     return out
 
@@ -889,8 +922,9 @@ class AttentionKernel:
                       v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
         i32, i64, f32 = np.int32, np.int64, np.float32
         if p.path == "wg":
-            variant, entry = _wg_variant(dtype, p.dp), "attn_fused_wg"
-            bm, threads, smem = WG_ROWS, wg_threads(p.dp), wg_smem_bytes(p.dp)
+            causal = bool(self.attrs.causal)
+            variant, entry = _wg_variant(dtype, p.dp, causal), "attn_fused_wg"
+            bm, threads, smem = WG_ROWS, wg_threads(p.dp, causal), wg_smem_bytes(p.dp, causal)
         elif p.path == "tc":
             nwarps, _ = TC_TILES[p.dp]
             variant, entry = _tc_variant(dtype, p.dp), "attn_fused_tc"
@@ -900,6 +934,9 @@ class AttentionKernel:
             bm, threads, smem = SIMT_ROWS, SIMT_THREADS, simt_smem_bytes(dims.D)
         row_tiles = -(-dims.group * dims.Sq // bm)
         n_ctas = row_tiles * dims.B * dims.Hkv  # within limits: plan() checked
+        grid = (n_ctas, p.splits, 1)
+        if p.path == "wg" and wg_persistent(p.dp, bool(self.attrs.causal)):
+            grid = (wg_grid(n_ctas * p.splits, int(self.rt.capabilities.sm_count)), 1, 1)
         split_o, split_ml = (ws, ws + p.ws_ml) if p.splits > 1 else (0, 0)
         strides = [i64(s) for t in (q, k, v, out) for s in t.element_strides[:3]]
         args = [q.ptr, k.ptr, v.ptr, mask.ptr if mask is not None else 0, out.ptr, split_o,
@@ -907,8 +944,7 @@ class AttentionKernel:
                 i32(dims.D), *strides, i32(dims.mask_planes), i32(int(self.attrs.causal)),
                 i32(self._window(dims)), f32(self._scale(dims)), f32(self.attrs.softcap),
                 i32(row_tiles), i32(p.splits)]
-        self.rt.launch(self._fn(variant, entry), (n_ctas, p.splits, 1), (threads, 1, 1), args,
-                       shared_mem=smem)
+        self.rt.launch(self._fn(variant, entry), grid, (threads, 1, 1), args, shared_mem=smem)
         if p.splits > 1:
             rows = dims.B * dims.H * dims.Sq
             ost = [i64(s) for s in out.element_strides[:3]]

@@ -470,7 +470,8 @@ def test_variant_list():
     assert files == {"attention_fused_tc.cu", "attention_fused_simt.cu", "attention_rows.cu",
                      "attention_gemm.cu", "attention_wg.cu"}
     wg = [v for v in VARIANTS if v.file == "attention_wg.cu"]
-    assert len(wg) == 4 and all(v.min_arch == 90 and v.arch_suffix == "a" for v in wg)
+    # per dtype and head dim: the build without causal masking and the causal one
+    assert len(wg) == 8 and all(v.min_arch == 90 and v.arch_suffix == "a" for v in wg)
     assert len({(v.file, v.options) for v in VARIANTS}) == len(VARIANTS)
 
 
@@ -609,8 +610,14 @@ def test_launches_match_kernel_signatures(case, compiled):
     elif fused[0] == "attn_fused_simt":
         assert fused[3] == attention.simt_smem_bytes(D)
     elif fused[0] == "attn_fused_wg":
-        assert fused[3] == attention.wg_smem_bytes(D) and fused[2] == (attention.wg_threads(D), 1, 1)
-        assert fused[1][0] == B * Hkv * -(-(H // Hkv) * Sq // 128)
+        causal = bool(attrs.get("causal", 0))
+        assert fused[3] == attention.wg_smem_bytes(D, causal)
+        assert fused[2] == (attention.wg_threads(D, causal), 1, 1)
+        items = B * Hkv * -(-(H // Hkv) * Sq // 128) * kern.last_plan.splits
+        if attention.wg_persistent(D, causal):  # one CTA per SM at most, looping over the items
+            assert fused[1] == (attention.wg_grid(items, rt.capabilities.sm_count), 1, 1)
+        else:
+            assert fused[1][0] * fused[1][1] == items
 
 
 def test_wg_planning(monkeypatch):
@@ -670,3 +677,24 @@ def test_short_workspace_refused_before_launch(compiled):
     with pytest.raises(WorkspaceError):
         k.execute(ins, [out], attention.WorkspaceView(0x100000000 + 8, need))  # misaligned
     assert rt.launches == []
+
+
+def test_wg_schedule_choice(monkeypatch):
+    """Causal calls take WG_CAUSAL's schedule, the others WG_BUILD's; persistent grids are one
+    CTA per SM at most (WG_MAX_CTAS caps them); both builds are compiled."""
+    for D in attention.WG_BUILD:
+        assert attention.wg_sched(D) == attention.WG_BUILD[D][0]
+        assert attention.wg_sched(D, True) == attention.WG_CAUSAL.get(D, attention.WG_BUILD[D][0])
+        assert attention.wg_persistent(D, True) == (attention.wg_sched(D, True) >= 6)
+    assert attention.wg_grid(5000, 132) == 132 and attention.wg_grid(7, 132) == 7
+    assert attention.wg_grid(0, 132) == 1
+    monkeypatch.setattr(attention, "WG_MAX_CTAS", 3)
+    assert attention.wg_grid(5000, 132) == 3 and attention.wg_grid(2, 132) == 2
+    scheds = {(v.defines["HEAD_DIM"], v.defines["NXRT_BF16"], v.defines.get("NXRT_WG_SCHED", 0))
+              for v in attention.compile_variants() if v.file == "attention_wg.cu"}
+    for D in attention.WG_BUILD:
+        for bf16 in (0, 1):
+            assert (D, bf16, attention.wg_sched(D)) in scheds
+            assert (D, bf16, attention.wg_sched(D, True)) in scheds
+    monkeypatch.setattr(attention, "WG_CAUSAL", {})
+    assert attention.wg_sched(128, True) == attention.WG_BUILD[128][0]

@@ -330,6 +330,46 @@ def test_wg_path_in_child_process(rt):
     assert r.returncode == 0, f"child exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
 
 
+# Persistent schedules (6, 7) against one CTA per work item (4): same arithmetic per item, so
+# the outputs must agree bitwise. The grid is capped at a few CTAs so that every CTA loops over
+# many items: causal items of 1..8 tiles, split items, items with no tile at all (Sq > Sk
+# causal; more splits than tiles), a mask, softcap and a window.
+# (dtype, B, H, Hkv, Sq, Sk, D, attrs, mask planes, splits)
+PERSIST_CASES = [
+    (BF16, 2, 8, 2, 1000, 1000, 128, {"causal": 1}, 0, None),
+    (F16, 1, 8, 2, 700, 1000, 64, {}, 0, 3),
+    (BF16, 1, 4, 4, 1000, 1000, 64, {"causal": 1, "local_window_size": 100}, 0, None),
+    (F16, 2, 4, 2, 128, 1000, 128, {"scale": 0.05, "softcap": 3.0, "causal": 1}, 8, None),
+    (BF16, 1, 4, 2, 300, 17, 128, {"causal": 1}, 0, 3),
+]
+
+
+@pytest.mark.parametrize("case", PERSIST_CASES, ids=lambda c: _ids(c[:9]) + f"-s{c[9]}")
+def test_wg_persistent_matches_one_cta_per_item(rt, ledger, rng, monkeypatch, case):
+    if tuple(rt.capabilities.compute_capability) != (9, 0):
+        pytest.skip("path='wg' (sm_90a wgmma) needs compute capability 9.0")
+    from nxrt_kernels import attention as A
+
+    dtype, B, H, Hkv, Sq, Sk, D, attrs, planes, splits = case
+    node = make_node(H, Hkv, _mask=bool(planes), **attrs)
+    host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes, masked_row=True)
+    outs = {}
+    for sched, cap in ((4, None), (6, 3), (7, 5)):
+        monkeypatch.setattr(A, "WG_BUILD", {64: (sched, 128, 1), 128: (sched, 128, 1)})
+        monkeypatch.setattr(A, "WG_CAUSAL", {})
+        monkeypatch.setattr(A, "WG_MAX_CTAS", cap)
+        kernel = AttentionKernel(rt, node, path="wg", num_splits=splits)
+        with Buffers(rt) as bufs:
+            got = run(rt, kernel, host, bufs)
+        assert kernel.last_plan.path == "wg" and A.wg_persistent(D, True) == (sched >= 6)
+        if splits:
+            assert kernel.last_plan.splits == splits
+        check(node, host, got, dtype)
+        outs[sched] = got.view(np.uint16)
+    np.testing.assert_array_equal(outs[6], outs[4])
+    np.testing.assert_array_equal(outs[7], outs[4])
+
+
 def test_wg_refused_where_it_cannot_run(rt, ledger):
     """Forcing path='wg' on what the kernel does not take is a KernelError before any launch."""
     node = make_node(4, 2)

@@ -73,8 +73,12 @@ CHECKS: list[tuple[str, int, int, int, int, int, int, dict, int, int | None]] = 
 #: feeding mbarrier rings, two consumer warpgroups (setmaxnreg 232) running schedule 2's loop
 #: and ping-ponging their GEMMs through named barriers; one CTA per SM (168 registers at
 #: launch; consumers use up to 163/189 at D64/D128, the producer 37/33); 5: 4 with three
-#: K/V stages. Threads, stages and shared memory follow from the schedule number in
-#: attention.py (``wg_threads``, ``wg_smem_bytes``).
+#: K/V stages; 6: 4 as a persistent kernel (one CTA per SM looping over the work items; the
+#: producer streams the next item's Q and first tiles under the consumers' last P V and
+#: store); 7: 6 with the items dealt longest first in snake order (causal balance). Threads,
+#: stages and shared memory follow from the schedule number in attention.py (``wg_threads``,
+#: ``wg_smem_bytes``). A ``wg-sN`` impl runs schedule N for causal calls too (``WG_CAUSAL``
+#: emptied); impl ``wg`` runs attention.py's choice (``WG_BUILD``, ``WG_CAUSAL``).
 WG_SCHEDULES: dict[int, dict[str, Any]] = {
     0: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
     1: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
@@ -82,6 +86,8 @@ WG_SCHEDULES: dict[int, dict[str, Any]] = {
     3: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
     4: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
     5: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
+    6: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
+    7: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
 }
 PEERS = ("flash", "cudnn")
 
@@ -103,12 +109,12 @@ def schedule(sched: int) -> Iterator[Any]:
     """attention.py at schedule ``sched`` inside the block (restored after it)."""
     from nxrt_kernels import attention as A
 
-    saved = A.WG_BUILD
-    A.WG_BUILD = sched_build(sched)
+    saved = A.WG_BUILD, A.WG_CAUSAL
+    A.WG_BUILD, A.WG_CAUSAL = sched_build(sched), {}
     try:
         yield A
     finally:
-        A.WG_BUILD = saved
+        A.WG_BUILD, A.WG_CAUSAL = saved
 
 
 def _sched_smem(sched: int) -> dict[int, int]:
@@ -185,7 +191,7 @@ def _use_schedule(sched: int) -> None:
     """Point attention.py's wgmma plumbing at schedule ``sched`` (this process only)."""
     from nxrt_kernels import attention as A
 
-    A.WG_BUILD = sched_build(sched)
+    A.WG_BUILD, A.WG_CAUSAL = sched_build(sched), {}
 
 
 def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
@@ -378,6 +384,10 @@ def precompile(impls: list[str], arch: str = "sm_90") -> None:
                     for D in (64, 128):
                         v = A._wg_variant(dt, D)
                         jobs.add((v.file, v.options, arch + "a"))
+        if impl == "wg":  # as shipped: the causal build too
+            for v in A.compile_variants():
+                if v.file == "attention_wg.cu":
+                    jobs.add((v.file, v.options, arch + "a"))
         if impl == "fused":
             for v in A.compile_variants():
                 if v.file == "attention_fused_tc.cu" and v.defines.get("HEAD_DIM") in (64, 128):

@@ -32,13 +32,12 @@ struct Work {
     int split;
 };
 
-// blockIdx.x = (b*Hkv + kvh) * row_tiles + (reversed) row tile; blockIdx.y = split.
-// Row tiles run last-first so that, under causal masking, the longest tiles start first.
-__device__ __forceinline__ Work decode_work(int BM, int BN, int B, int H, int Hkv, int Sq,
-                                            int Sk, int causal, int window, int row_tiles,
-                                            int splits) {
+// Work item (x, y): x = (b*Hkv + kvh) * row_tiles + (reversed) row tile, y = split. Row
+// tiles run last-first so that, under causal masking, the longest tiles start first.
+__device__ __forceinline__ Work decode_work_at(int x, int y, int BM, int BN, int B, int H,
+                                               int Hkv, int Sq, int Sk, int causal, int window,
+                                               int row_tiles, int splits) {
     Work w;
-    const int x = blockIdx.x;
     const int bh = x / row_tiles;
     const int mt = row_tiles - 1 - (x - bh * row_tiles);
     w.b = bh / Hkv;
@@ -46,7 +45,7 @@ __device__ __forceinline__ Work decode_work(int BM, int BN, int B, int H, int Hk
     w.G = H / Hkv;
     w.R = w.G * Sq;
     w.r0 = mt * BM;
-    w.split = blockIdx.y;
+    w.split = y;
     const int r_last = min(w.r0 + BM, w.R) - 1;
     // Key range any row of the tile can see (64-bit: p - window may go far below zero).
     const long long p_lo = (long long)Sk - Sq + w.r0 / w.G;
@@ -63,6 +62,14 @@ __device__ __forceinline__ Work decode_work(int BM, int BN, int B, int H, int Hk
     w.t_beg = t_beg + w.split * per;
     w.t_end = min(t_end, w.t_beg + per);
     return w;
+}
+
+// The work item of this CTA in a one-CTA-per-item grid: (blockIdx.x, blockIdx.y).
+__device__ __forceinline__ Work decode_work(int BM, int BN, int B, int H, int Hkv, int Sq,
+                                            int Sk, int causal, int window, int row_tiles,
+                                            int splits) {
+    return decode_work_at(blockIdx.x, blockIdx.y, BM, BN, B, H, Hkv, Sq, Sk, causal, window,
+                          row_tiles, splits);
 }
 
 // One packed row's addressing and masking facts.

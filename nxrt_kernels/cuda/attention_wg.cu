@@ -34,10 +34,16 @@
 //      cp.async, two consumer warpgroups run schedule 2's loop and ping-pong their GEMMs
 //      against each other's softmax (named barriers 1 and 2). See the block at the end.
 //   5  schedule 4 with three-slot K and V rings.
+//   6  schedule 4, persistent: launch min(work items, SMs) CTAs (gridDim.y 1); CTA c takes
+//      items c, c + gridDim.x, ... (item x + y * n_x of the one-CTA-per-item grid
+//      (n_x = B*Hkv*row_tiles, splits)). The ring and its mbarrier phases run on across
+//      items, so the producer streams the next item's K(0), Q (once the consumers' last
+//      S GEMM of the item retired: a "Q empty" mbarrier) and V(0) while the consumers
+//      finish the item's last P V and store it. Same arithmetic per item as schedule 4.
+//   7  schedule 6 with the items ordered longest first and dealt in snake order (causal).
 // Shared memory: HEAD_DIM/64 * (128*128 + 2*NST*BN*128) + 1024 bytes, BN = 128 for schedules
-// 2-5 and 64 otherwise, NST = 3 for schedules 3 and 5 and 2 otherwise, plus 256 bytes of
-// mbarriers for schedules 4-5 (attention.py's wg_smem_bytes mirrors schedules 0-3;
-// tools/sweep_attention.py has wg_sched_smem_bytes for every schedule).
+// 2-7 and 64 otherwise, NST = 3 for schedules 3 and 5 and 2 otherwise, plus 256 bytes of
+// mbarriers for schedules 4-7 (attention.py's wg_smem_bytes).
 #include "attention_util.cuh"
 
 #ifndef NXRT_BF16
@@ -52,11 +58,13 @@
 #ifndef NXRT_WG_SCHED
 #define NXRT_WG_SCHED 0
 #endif
-#if NXRT_WG_SCHED < 0 || NXRT_WG_SCHED > 5
-#error "NXRT_WG_SCHED must be 0, 1, 2, 3, 4 or 5"
+#if NXRT_WG_SCHED < 0 || NXRT_WG_SCHED > 7
+#error "NXRT_WG_SCHED must be 0 .. 7"
 #endif
 // K/V stages (ring slots). A macro, not a constexpr: schedule 0's module stays identical.
 #define NXRT_WG_NST ((NXRT_WG_SCHED == 3 || NXRT_WG_SCHED == 5) ? 3 : 2)
+// Schedules 6-7: persistent CTAs (see above).
+#define NXRT_WG_PERSIST (NXRT_WG_SCHED >= 6)
 
 #if NXRT_BF16
 typedef __nv_bfloat16 T;
@@ -677,8 +685,8 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     store_rows(o, l_run, m_run, rows, w.split, splits, out, ws_o, ws_ml, (long long)B * H * Sq, D,
                tq);
 }
-#else  // NXRT_WG_SCHED 4-5
-// ---- Schedules 4-5: FA3 warp specialisation. 384 threads = three warpgroups:
+#else  // NXRT_WG_SCHED 4-7
+// ---- Schedules 4-7: FA3 warp specialisation. 384 threads = three warpgroups:
 //   WG0, the producer (setmaxnreg.dec to PREG registers): Q once, then K and V tiles into
 //       NST-slot rings with cp.async; each thread's copies of a tile arrive (on landing) on
 //       the tile's "full" mbarrier (cp.async.mbarrier.arrive.noinc, count 128). Before it
@@ -693,6 +701,12 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
 //   its own barrier once at the start (it goes first). Both consumers run the same tiles,
 //   so the syncs and arrivals pair up; the one arrival left at the end is harmless.
 // No __syncthreads after the role split. Schedule 5 = 4 with three ring slots.
+// Schedules 6-7 (persistent): each CTA loops over work items; both roles walk the same item
+// sequence and count ring tiles across items (tile gt of the CTA in slot gt % NST), so no
+// barrier is re-initialised. Each item leaves one arrival on named barrier 1 (see above):
+// the next item's "consumer 0 goes first". The last V slot of an item is released like the
+// others (the producer reuses it), and the consumers release Q ("Q empty", one arrival per
+// consumer warp) once the item's S GEMMs have all retired.
 
 namespace {
 
@@ -711,9 +725,9 @@ static_assert(PREG % 8 == 0 && CREG % 8 == 0 && PREG >= 24 && CREG <= 256,
 // producer's release must cover the consumers' increase, or setmaxnreg.inc never returns.
 static_assert(NTP * PREG + 2 * NTP * CREG <= 168 * NT, "register reallocation over budget");
 // mbarriers (8 bytes each) at OFF_BAR: Q full, then per ring slot K full, V full, K empty,
-// V empty.
+// V empty, then Q empty.
 constexpr int OFF_BAR = SMEM_USED;
-constexpr int NBAR = 1 + 4 * NST;
+constexpr int NBAR = 2 + 4 * NST;
 static_assert(NBAR * 8 <= BAR_BYTES, "mbarriers fit their area");
 static_assert(BN * CH % NTP == 0 && BM * CH % NTP == 0 && NTP % CH == 0,
               "every producer thread copies the same chunk column of every 128/CH-th row");
@@ -730,6 +744,7 @@ __device__ __forceinline__ unsigned bar_kempty(unsigned bars, int s) {
 __device__ __forceinline__ unsigned bar_vempty(unsigned bars, int s) {
     return bars + 8 * (1 + 3 * NST + s);
 }
+__device__ __forceinline__ unsigned bar_qempty(unsigned bars) { return bars + 8 * (1 + 4 * NST); }
 
 // Producer thread p's copies of the BN key rows from key j0 into a swizzled tile (zero-fill
 // past Sk). p copies chunk c = p % CH of rows p / CH + k NTP / CH; NTP / CH is a multiple of
@@ -790,11 +805,47 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     const int wg = warp >> 2, wq = warp & 3;  // warpgroup (0 producer), warp within it
     const int g = lane >> 2, tq = lane & 3;
 
-    const Work w = decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
-    const int n_tiles = w.t_end - w.t_beg;
+    // Work items. Schedules 4-5: one per CTA, item (blockIdx.x, blockIdx.y) of the
+    // (n_x, splits) grid. Schedules 6-7: rounds of gridDim.x items, CTA c taking item c of
+    // each round. Schedule 6: item i is (i % n_x, i / n_x), so the CTAs of a round share the
+    // K/V rows of few heads in L2. Schedule 7 (for causal masking, where the last row tile
+    // of a head sees the most keys): item i is the (i / n_bh)-th longest row tile of (head,
+    // split) i % n_bh, and odd rounds run the CTAs in reverse ("snake"), so that every CTA's
+    // total stays close to the mean.
+    const int n_x = B * Hkv * row_tiles;
+    const int n_items = n_x * splits;
+#if NXRT_WG_SCHED == 7
+    const int n_bh = B * Hkv * splits;
+    const int n_rounds = (n_items + (int)gridDim.x - 1) / (int)gridDim.x;
+    auto item_at = [&](int r) {
+        return r * (int)gridDim.x +
+               ((r & 1) ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
+    };
+    auto work = [&](int item) {
+        const int rank = item / n_bh, j = item - rank * n_bh;
+        const int bh = j / splits;
+        return decode_work_at(bh * row_tiles + rank, j - bh * splits, BM, BN, B, H, Hkv, Sq, Sk,
+                              causal, window, row_tiles, splits);
+    };
+#elif NXRT_WG_SCHED == 6
+    const int n_rounds = (n_items + (int)gridDim.x - 1) / (int)gridDim.x;
+    auto item_at = [&](int r) { return (int)blockIdx.x + r * (int)gridDim.x; };
+    auto work = [&](int item) {
+        const int y = item / n_x;
+        return decode_work_at(item - y * n_x, y, BM, BN, B, H, Hkv, Sq, Sk, causal, window,
+                              row_tiles, splits);
+    };
+#else
+    const int n_rounds = 1;
+    auto item_at = [&](int) { return 0; };
+    auto work = [&](int) {
+        return decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
+    };
+#endif
 
     if (tid == 0) {
         mbar_init(bar_q(bars), NTP);
+        mbar_init(bar_qempty(bars), EMPTY_ARRIVALS);
 #pragma unroll
         for (int s = 0; s < NST; ++s) {
             mbar_init(bar_kfull(bars, s), NTP);
@@ -806,15 +857,33 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     __syncthreads();  // the barriers are initialised before anyone uses them (last CTA-wide sync)
 
     if (wg == 0) {
-        // ======== Producer. Ring slots by tile index relative to t_beg: tile it (key tile
-        // t_beg + it) in slot it % NST, its u-th use (u = it / NST); the consumers' release
-        // of use u - 1 completes phase u - 1 of the slot's "empty" barrier.
+        // ======== Producer. Ring tile gt (counted over all of this CTA's items) goes to slot
+        // gt % NST, its u-th use (u = gt / NST); the consumers' release of use u - 1
+        // completes phase u - 1 of the slot's "empty" barrier.
         setmaxnreg_dec<PREG>();
-        if (n_tiles > 0) {
-            const int p = tid;
+        const int p = tid;
+        int gt = 0, qn = 0;  // ring tiles and Q loads issued so far
+        auto fill = [&](unsigned full, unsigned empty, int g, unsigned dst, const T* base,
+                        long long s_s, int j0) {
+            const int slot = g % NST, u = g / NST;
+            if (u > 0) mbar_wait(empty + 8 * slot, (u - 1) & 1);
+            produce_tile(dst + slot * T_BYTES, base, s_s, j0, Sk, p);
+            cp_async_mbar_arrive(full + 8 * slot);
+        };
+        for (int r = 0; r < n_rounds; ++r) {
+            const int item = item_at(r);
+            if (item >= n_items) continue;
+            const Work w = work(item);
+            const int n_tiles = w.t_end - w.t_beg;
+            if (n_tiles <= 0) continue;
             const T* kbase = k + w.b * k_sb + w.kvh * k_sh;
             const T* vbase = v + w.b * v_sb + w.kvh * v_sh;
-            // Q (zero for packed rows past R), on its own barrier.
+            // K(0) first: it streams in while the consumers finish the previous item.
+            fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, kbase, k_ss,
+                 w.t_beg * BN);
+            // Q (zero for packed rows past R), on its own barrier, once every consumer warp
+            // has retired its S GEMMs of the previous item.
+            if (qn > 0) mbar_wait(bar_qempty(bars), (qn - 1) & 1);
             {
                 constexpr int RSTEP = NTP / CH;
                 const int c = p % CH;
@@ -832,28 +901,21 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
                     cp_async_16(smem + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
                 }
                 cp_async_mbar_arrive(bar_q(bars));
+                ++qn;
             }
-            // K(0); then per it: K(it + 1), V(it) (the order the consumers need them).
-            produce_tile(sbase + OFF_K, kbase, k_ss, w.t_beg * BN, Sk, p);
-            cp_async_mbar_arrive(bar_kfull(bars, 0));
+            // Then per it: K(it + 1), V(it) (the order the consumers need them).
             for (int it = 0; it < n_tiles; ++it) {
-                if (it + 1 < n_tiles) {
-                    const int j = it + 1, slot = j % NST, u = j / NST;
-                    if (u > 0) mbar_wait(bar_kempty(bars, slot), (u - 1) & 1);
-                    produce_tile(sbase + OFF_K + slot * T_BYTES, kbase, k_ss, (w.t_beg + j) * BN,
-                                 Sk, p);
-                    cp_async_mbar_arrive(bar_kfull(bars, slot));
-                }
-                const int slot = it % NST, u = it / NST;
-                if (u > 0) mbar_wait(bar_vempty(bars, slot), (u - 1) & 1);
-                produce_tile(sbase + OFF_V + slot * T_BYTES, vbase, v_ss, (w.t_beg + it) * BN, Sk,
-                             p);
-                cp_async_mbar_arrive(bar_vfull(bars, slot));
+                if (it + 1 < n_tiles)
+                    fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt + it + 1, sbase + OFF_K,
+                         kbase, k_ss, (w.t_beg + it + 1) * BN);
+                fill(bar_vfull(bars, 0), bar_vempty(bars, 0), gt + it, sbase + OFF_V, vbase,
+                     v_ss, (w.t_beg + it) * BN);
             }
-            // Stay until every copy has landed (and so has arrived on its barrier).
-            cp_async_commit();
-            cp_async_wait<0>();
+            gt += n_tiles;
         }
+        // Stay until every copy has landed (and so has arrived on its barrier).
+        cp_async_commit();
+        cp_async_wait<0>();
         return;
     }
 
@@ -863,117 +925,134 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     const bool general = softcap > 0.f || mask_planes > 0;
     const float scale_log2 = scale * kLog2e;
     const float inv_softcap = softcap > 0.f ? 1.f / softcap : 0.f;
-
-    // This thread's two rows in the wgmma accumulator layout: warp wq of consumer cw owns
-    // tile rows 64 cw + 16 wq .. +15; x = 0: row g, x = 1: row g + 8.
-    Row rows[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x)
-        rows[x] = make_row(w, w.r0 + 64 * cw + 16 * wq + g + 8 * x, B, H, Sq, Sk, q_sb, q_sh,
-                           q_ss, o_sb, o_sh, o_ss, mask_planes);
-
-    // O[:, 64 qb + 8 j + 2 tq + (e & 1)] of row x = e >> 1 is o[qb][4 j + e].
-    float o[HB][32];
-#pragma unroll
-    for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
-    float s[NS];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) s[i] = 0.f;
-    unsigned pa[BN / 16][4];
-    float m_run[2] = {neg_inf(), neg_inf()};
-    float l_run[2] = {0.f, 0.f};
-    float alpha[2] = {1.f, 1.f};  // pending rescale of O, applied before the next O += P V
-
     const unsigned qa = sbase + 64 * cw * 128;  // this WG's 64 rows of Q (8 KB, 1024-aligned)
     const int bar_mine = 1 + cw, bar_other = 2 - cw;  // named barriers 1, 2 (0: __syncthreads)
-    if (n_tiles > 0) {
-        if (cw == 0) named_bar_arrive(1, 2 * NTP);  // consumer 0 issues first
-        mbar_wait(bar_q(bars), 0);
-        mbar_wait(bar_kfull(bars, 0), 0);
-        fence_proxy_async();  // the landed cp.async bytes, visible to wgmma (async proxy)
-        named_bar_sync(bar_mine, 2 * NTP);
-        wg_fence();
-        issue_s(s, qa, sbase + OFF_K);
-        wg_commit();
-        named_bar_arrive(bar_other, 2 * NTP);
-        wg_wait0();
-        fence_regs(s);
-        release_slot(bar_kempty(bars, 0), lane);
-        softmax_tile(s, w, rows, w.t_beg * BN, tq, Sq, Sk, causal, window, general, softcap,
-                     inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
-        pack_p(pa, s);
-    }
+    // Consumer 0 issues first. Once per CTA: every item's ping-pong leaves one arrival on
+    // barrier 1, the next item's first turn (one left at exit is harmless).
+    if (cw == 0) named_bar_arrive(1, 2 * NTP);
+    int gt = 0, qn = 0;  // ring tiles and Q loads consumed so far (as the producer counts)
 
-    // Iteration it (tile t = t_beg + it, it + 1 < n_tiles): on entry pa = P(t) and O lacks
-    // the factor alpha of softmax(t); K(t+1) is in slot (it + 1) % NST, V(t) in it % NST.
-    for (int it = 0; it + 1 < n_tiles; ++it) {
-        const int t = w.t_beg + it;
-        const int slot = it % NST, slot1 = (it + 1) % NST;
-        mbar_wait(bar_kfull(bars, slot1), ((it + 1) / NST) & 1);
-        mbar_wait(bar_vfull(bars, slot), (it / NST) & 1);
-        fence_proxy_async();
-        named_bar_sync(bar_mine, 2 * NTP);  // this consumer's turn on the tensor cores
-        // S(t+1) = Q K(t+1)ᵀ, then O = alpha O + P(t) V(t), two groups in this order.
-        wg_fence();
-        issue_s(s, qa, sbase + OFF_K + slot1 * T_BYTES);
-        wg_commit();
-        rescale_o(o, alpha);  // O is no wgmma's accumulator now: P(t-1) V(t-1) was retired
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-        wg_fence();
-        issue_pv(o, pa, sbase + OFF_V + slot * T_BYTES);
-        wg_commit();
-        named_bar_arrive(bar_other, 2 * NTP);  // the other consumer's turn
+    for (int r = 0; r < n_rounds; ++r) {
+        const int item = item_at(r);
+        if (item >= n_items) continue;
+        const Work w = work(item);
+        const int n_tiles = w.t_end - w.t_beg;
 
-        // S(t+1) retired (groups retire in order); P(t) V(t) may still run: softmax(t+1)
-        // touches only s, m_run, l_run and alpha (not o, not pa) until wait_group 0.
-        wg_wait1();
-        fence_regs(s);
-        release_slot(bar_kempty(bars, slot1), lane);
-        softmax_tile(s, w, rows, (t + 1) * BN, tq, Sq, Sk, causal, window, general, softcap,
-                     inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
-        wg_wait0();
-        // Pins both: O's next use and the overwrite of pa (P(t) was wgmma input) stay after
-        // the wait.
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-        fence_regs(s);
-        release_slot(bar_vempty(bars, slot), lane);
-        pack_p(pa, s);
-    }
-
-    if (n_tiles > 0) {
-        // Last tile: O = alpha O + P V with V(t_end - 1) (outside the ping-pong: both
-        // consumers have issued all their S GEMMs by now).
-        const int it = n_tiles - 1;
-        mbar_wait(bar_vfull(bars, it % NST), (it / NST) & 1);
-        fence_proxy_async();
-        rescale_o(o, alpha);
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-        wg_fence();
-        issue_pv(o, pa, sbase + OFF_V + (it % NST) * T_BYTES);
-        wg_commit();
-        wg_wait0();
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-    }
-
-    // ---- Epilogue (per thread, no shared memory: nothing to synchronise), as schedules
-    // 1-3 (rows rebuilt from laundered indices: no registers held across the main loop).
-    {
-        Work we = w;
-        int rbase = w.r0 + 64 * cw + 16 * wq + g;
-        asm volatile("" : "+r"(we.b), "+r"(we.kvh), "+r"(rbase));
+        // This thread's two rows in the wgmma accumulator layout: warp wq of consumer cw owns
+        // tile rows 64 cw + 16 wq .. +15; x = 0: row g, x = 1: row g + 8.
+        Row rows[2];
 #pragma unroll
         for (int x = 0; x < 2; ++x)
-            rows[x] = make_row(we, rbase + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh,
-                               o_ss, mask_planes);
-    }
-    store_rows(o, l_run, m_run, rows, w.split, splits, out, ws_o, ws_ml, (long long)B * H * Sq, D,
-               tq);
+            rows[x] = make_row(w, w.r0 + 64 * cw + 16 * wq + g + 8 * x, B, H, Sq, Sk, q_sb, q_sh,
+                               q_ss, o_sb, o_sh, o_ss, mask_planes);
+
+        // O[:, 64 qb + 8 j + 2 tq + (e & 1)] of row x = e >> 1 is o[qb][4 j + e].
+        float o[HB][32];
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+            for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
+        float s[NS];
+#pragma unroll
+        for (int i = 0; i < NS; ++i) s[i] = 0.f;
+        unsigned pa[BN / 16][4];
+        float m_run[2] = {neg_inf(), neg_inf()};
+        float l_run[2] = {0.f, 0.f};
+        float alpha[2] = {1.f, 1.f};  // pending rescale of O, applied before the next O += P V
+
+        if (n_tiles > 0) {
+            mbar_wait(bar_q(bars), qn & 1);
+            mbar_wait(bar_kfull(bars, gt % NST), (gt / NST) & 1);
+            fence_proxy_async();  // the landed cp.async bytes, visible to wgmma (async proxy)
+            named_bar_sync(bar_mine, 2 * NTP);
+            wg_fence();
+            issue_s(s, qa, sbase + OFF_K + (gt % NST) * T_BYTES);
+            wg_commit();
+            named_bar_arrive(bar_other, 2 * NTP);
+            wg_wait0();
+            fence_regs(s);
+            release_slot(bar_kempty(bars, gt % NST), lane);
+            softmax_tile(s, w, rows, w.t_beg * BN, tq, Sq, Sk, causal, window, general, softcap,
+                         inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
+            pack_p(pa, s);
+        }
+
+        // Iteration it (tile t = t_beg + it, it + 1 < n_tiles): on entry pa = P(t) and O lacks
+        // the factor alpha of softmax(t); K(t+1) is in slot (gt + it + 1) % NST, V(t) in
+        // (gt + it) % NST.
+        for (int it = 0; it + 1 < n_tiles; ++it) {
+            const int t = w.t_beg + it;
+            const int g0 = gt + it, g1 = g0 + 1;
+            const int slot = g0 % NST, slot1 = g1 % NST;
+            mbar_wait(bar_kfull(bars, slot1), (g1 / NST) & 1);
+            mbar_wait(bar_vfull(bars, slot), (g0 / NST) & 1);
+            fence_proxy_async();
+            named_bar_sync(bar_mine, 2 * NTP);  // this consumer's turn on the tensor cores
+            // S(t+1) = Q K(t+1)ᵀ, then O = alpha O + P(t) V(t), two groups in this order.
+            wg_fence();
+            issue_s(s, qa, sbase + OFF_K + slot1 * T_BYTES);
+            wg_commit();
+            rescale_o(o, alpha);  // O is no wgmma's accumulator now: P(t-1) V(t-1) was retired
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+            wg_fence();
+            issue_pv(o, pa, sbase + OFF_V + slot * T_BYTES);
+            wg_commit();
+            named_bar_arrive(bar_other, 2 * NTP);  // the other consumer's turn
+
+            // S(t+1) retired (groups retire in order); P(t) V(t) may still run: softmax(t+1)
+            // touches only s, m_run, l_run and alpha (not o, not pa) until wait_group 0.
+            wg_wait1();
+            fence_regs(s);
+            release_slot(bar_kempty(bars, slot1), lane);
+            softmax_tile(s, w, rows, (t + 1) * BN, tq, Sq, Sk, causal, window, general, softcap,
+                         inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
+            wg_wait0();
+            // Pins both: O's next use and the overwrite of pa (P(t) was wgmma input) stay after
+            // the wait.
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+            fence_regs(s);
+            release_slot(bar_vempty(bars, slot), lane);
+            pack_p(pa, s);
+        }
+
+        if (n_tiles > 0) {
+            // Every S GEMM of this item has retired: the producer may load the next item's Q.
+            release_slot(bar_qempty(bars), lane);
+            // Last tile: O = alpha O + P V with V(t_end - 1) (outside the ping-pong: both
+            // consumers have issued all their S GEMMs by now).
+            const int gl = gt + n_tiles - 1;
+            mbar_wait(bar_vfull(bars, gl % NST), (gl / NST) & 1);
+            fence_proxy_async();
+            rescale_o(o, alpha);
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+            wg_fence();
+            issue_pv(o, pa, sbase + OFF_V + (gl % NST) * T_BYTES);
+            wg_commit();
+            wg_wait0();
+#pragma unroll
+            for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+            release_slot(bar_vempty(bars, gl % NST), lane);
+            gt += n_tiles;
+            ++qn;
+        }
+
+        // ---- Epilogue (per thread, no shared memory: nothing to synchronise), as schedules
+        // 1-3 (rows rebuilt from laundered indices: no registers held across the main loop).
+        {
+            Work we = w;
+            int rbase = w.r0 + 64 * cw + 16 * wq + g;
+            asm volatile("" : "+r"(we.b), "+r"(we.kvh), "+r"(rbase));
+#pragma unroll
+            for (int x = 0; x < 2; ++x)
+                rows[x] = make_row(we, rbase + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh,
+                                   o_ss, mask_planes);
+        }
+        store_rows(o, l_run, m_run, rows, w.split, splits, out, ws_o, ws_ml,
+                   (long long)B * H * Sq, D, tq);
+    }  // items
 }
 #endif  // NXRT_WG_SCHED <= 3
 #endif  // NXRT_WG_SCHED
