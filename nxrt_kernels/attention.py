@@ -134,9 +134,15 @@ WG_DEFAULT = True
 #: 3-9 % faster than 4 at D128 without causal masking and 2-3 % slower at D64; 7 is 2-10 %
 #: faster than 4 under causal masking (and 6-9 % slower than 6 without: its CTAs spread over
 #: all heads, and L2 keeps fewer K/V rows). Calls without causal masking use WG_BUILD's
-#: schedule, causal ones WG_CAUSAL's (same keys per tile and min blocks).
-WG_BUILD: dict[int, tuple[int, int, int]] = {64: (4, 128, 1), 128: (6, 128, 1)}
-WG_CAUSAL: dict[int, int] = {64: 7, 128: 7}
+#: schedule, causal ones WG_CAUSAL's (schedule, keys per tile; min blocks as WG_BUILD). Keys
+#: per tile: 128, or 176 (FA3's non-causal tile; schedules 4-7): fewer ping-pong turns, waits
+#: and max/sum reductions per key, one more partial tile when Sk is no multiple of 176. H200
+#: sweep: 176 is +5-9 % at D64 (every S) and at D128 +2-3 % at S8192, -2 % at S1024 and
+#: S4096, hence WG_LONG: non-causal calls at D128 with Sk >= 8192 take 176-key tiles.
+WG_BUILD: dict[int, tuple[int, int, int]] = {64: (6, 176, 1), 128: (6, 128, 1)}
+WG_CAUSAL: dict[int, tuple[int, int]] = {64: (7, 128), 128: (7, 128)}
+#: Non-causal calls with at least ``min_sk`` keys: head dim -> (min_sk, keys per tile).
+WG_LONG: dict[int, tuple[int, int]] = {128: (8192, 176)}
 WG_ROWS = 128
 #: Cap on the CTAs of a persistent wgmma launch (None: one per SM). The GPU tests set it low
 #: so that every CTA loops over many work items.
@@ -324,19 +330,42 @@ def tc_smem_bytes(dp: int) -> int:
     return (bm + 4 * bn) * (dp + 8) * 2 + bm * ((bn + 4) * 4 + 8)
 
 
-def wg_keys(D: int) -> int:
-    """Keys per tile of the wgmma build at head dim D."""
-    return WG_BUILD[D][1]
+def wg_build(D: int, causal: bool = False, Sk: int = 0) -> tuple[int, int, int]:
+    """(schedule, keys per tile, min blocks) of the wgmma build for a call at head dim D with
+    Sk keys: :data:`WG_BUILD`'s; with causal masking :data:`WG_CAUSAL`'s schedule and keys
+    when it names D; without, :data:`WG_LONG`'s keys from its ``min_sk`` on."""
+    sched, keys, min_blocks = WG_BUILD[D]
+    if causal:
+        if D in WG_CAUSAL:
+            sched, keys = WG_CAUSAL[D]
+    elif D in WG_LONG and Sk >= WG_LONG[D][0]:
+        keys = WG_LONG[D][1]
+    return sched, keys, min_blocks
+
+
+def wg_builds(D: int) -> list[tuple[int, int, int]]:
+    """Every distinct build :func:`wg_build` may return at head dim D."""
+    out: list[tuple[int, int, int]] = []
+    for b in (wg_build(D), wg_build(D, True), wg_build(D, False, 1 << 62)):
+        if b not in out:
+            out.append(b)
+    return out
+
+
+def wg_keys(D: int, causal: bool = False, Sk: int = 0) -> int:
+    """Keys per tile of the wgmma build for a call at head dim D."""
+    return wg_build(D, causal, Sk)[1]
 
 
 def wg_sched(D: int, causal: bool = False) -> int:
     """attention_wg.cu schedule of the wgmma build at head dim D (``causal``: for a call with
     causal masking, :data:`WG_CAUSAL`'s when it names one)."""
-    return WG_CAUSAL.get(D, WG_BUILD[D][0]) if causal else WG_BUILD[D][0]
+    return wg_build(D, causal)[0]
 
 
 def wg_threads(D: int, causal: bool = False) -> int:
-    """Threads per CTA of the wgmma build at head dim D (384 for the warp-specialized ones)."""
+    """Threads per CTA of the wgmma build at head dim D (384 for the warp-specialized ones;
+    the keys per tile never change it)."""
     return 384 if wg_sched(D, causal) >= 4 else 256
 
 
@@ -355,12 +384,12 @@ def wg_grid(items: int, sm_count: int) -> int:
     return max(1, n)
 
 
-def wg_smem_bytes(D: int, causal: bool = False) -> int:
+def wg_smem_bytes(D: int, causal: bool = False, Sk: int = 0) -> int:
     """Dynamic shared memory of the wgmma kernel at head dim D (as SMEM_BYTES in
     attention_wg.cu): Q [128 x D] and 2 (3 for schedules 3 and 5) stages of K and V
     [keys x D], the mbarriers of schedules 4-7, plus 1024 bytes of slack to align the
     swizzle atoms."""
-    sched, keys = wg_sched(D, causal), WG_BUILD[D][1]
+    sched, keys, _ = wg_build(D, causal, Sk)
     stages = 3 if sched in (3, 5) else 2
     barriers = 256 if sched >= 4 else 0  # the producer/consumer mbarriers
     return (D // 64) * (WG_ROWS * 128 + 2 * stages * keys * 128) + barriers + 1024
@@ -541,7 +570,8 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
                   and dims.group * dims.Sq >= WG_MIN_ROWS)
     if use_wg:
         splits = (max(1, int(num_splits)) if num_splits is not None
-                  else choose_splits(dims, WG_ROWS, wg_keys(D), sm_count, WG_BUILD[D][2]))
+                  else choose_splits(dims, WG_ROWS, wg_keys(D, bool(attrs.causal), dims.Sk),
+                                     sm_count, WG_BUILD[D][2]))
         _, ml, total = split_layout(dims.B * dims.H * dims.Sq, D, splits)
         return Plan("wg", D, splits, total, ml)
     use_dec = False
@@ -581,11 +611,17 @@ def _tc_variant(dtype: DataType, dp: int) -> Variant:
                    {"NXRT_T": CTYPE[dtype], "HEAD_DIM": dp, "BLOCK_N": bn, "NWARPS": nwarps})
 
 
-def _wg_variant(dtype: DataType, D: int, causal: bool = False) -> Variant:
-    sched, min_blocks = wg_sched(D, causal), WG_BUILD[D][2]
+def _wg_variant(dtype: DataType, D: int, causal: bool = False, Sk: int = 0) -> Variant:
+    return _wg_build_variant(dtype, D, wg_build(D, causal, Sk))
+
+
+def _wg_build_variant(dtype: DataType, D: int, build: tuple[int, int, int]) -> Variant:
+    sched, keys, min_blocks = build
     defines = {"NXRT_BF16": int(dtype == DataType.BFLOAT16), "HEAD_DIM": D, "MIN_BLOCKS": min_blocks}
     if sched:
         defines["NXRT_WG_SCHED"] = sched
+    if keys != (128 if sched >= 2 else 64):
+        defines["NXRT_WG_BN"] = keys
     return Variant("attention_wg.cu", ("attn_fused_wg",), defines, min_arch=90, arch_suffix="a")
 
 
@@ -617,11 +653,8 @@ def compile_variants() -> list[Variant]:
     out = [_tc_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in TC_TILES]
     for dt in SUPPORTED:
         out += [_simt_variant(dt), _rows_variant(dt), _gemm_variant(dt)]
-    for dt in (DataType.FLOAT16, DataType.BFLOAT16):
-        for D in WG_BUILD:
-            out += [_wg_variant(dt, D)]
-            if wg_sched(D, True) != wg_sched(D):
-                out += [_wg_variant(dt, D, True)]
+    out += [_wg_build_variant(dt, D, b) for dt in (DataType.FLOAT16, DataType.BFLOAT16)
+            for D in WG_BUILD for b in wg_builds(D)]
     out += [_dec_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in DEC_TILES]
     return out
 
@@ -923,8 +956,9 @@ class AttentionKernel:
         i32, i64, f32 = np.int32, np.int64, np.float32
         if p.path == "wg":
             causal = bool(self.attrs.causal)
-            variant, entry = _wg_variant(dtype, p.dp, causal), "attn_fused_wg"
-            bm, threads, smem = WG_ROWS, wg_threads(p.dp, causal), wg_smem_bytes(p.dp, causal)
+            variant, entry = _wg_variant(dtype, p.dp, causal, dims.Sk), "attn_fused_wg"
+            bm, threads = WG_ROWS, wg_threads(p.dp, causal)
+            smem = wg_smem_bytes(p.dp, causal, dims.Sk)
         elif p.path == "tc":
             nwarps, _ = TC_TILES[p.dp]
             variant, entry = _tc_variant(dtype, p.dp), "attn_fused_tc"

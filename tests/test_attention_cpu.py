@@ -470,8 +470,10 @@ def test_variant_list():
     assert files == {"attention_fused_tc.cu", "attention_fused_simt.cu", "attention_rows.cu",
                      "attention_gemm.cu", "attention_wg.cu"}
     wg = [v for v in VARIANTS if v.file == "attention_wg.cu"]
-    # per dtype and head dim: the build without causal masking and the causal one
-    assert len(wg) == 8 and all(v.min_arch == 90 and v.arch_suffix == "a" for v in wg)
+    # per dtype and head dim: the builds without causal masking (D128: two tile widths) and
+    # the causal one
+    builds = sum(len(attention.wg_builds(D)) for D in attention.WG_BUILD)
+    assert len(wg) == 2 * builds and all(v.min_arch == 90 and v.arch_suffix == "a" for v in wg)
     assert len({(v.file, v.options) for v in VARIANTS}) == len(VARIANTS)
 
 
@@ -574,6 +576,8 @@ LAUNCH_CASES = [
      ["attn_qk", "attn_softmax", "attn_pv"]),
     (BF16, "unfused", 1, 2, 2, 3, 0, 64, {}, False, None, ["attn_pv"]),
     (BF16, "wg", 8, 16, 4, 600, 700, 128, {"causal": 1}, False, None, ["attn_fused_wg"]),
+    (BF16, "wg", 1, 8, 2, 300, 9000, 128, {}, False, None,  # WG_LONG, split
+     ["attn_fused_wg", "attn_combine"]),
     (F16, "wg", 1, 4, 4, 17, 1000, 64, {"softcap": 2.0}, True, None,
      ["attn_fused_wg", "attn_combine"]),
     (BF16, "wg", 1, 8, 1, 1, 1000, 64, {}, False, 3, ["attn_fused_wg", "attn_combine"]),
@@ -611,7 +615,7 @@ def test_launches_match_kernel_signatures(case, compiled):
         assert fused[3] == attention.simt_smem_bytes(D)
     elif fused[0] == "attn_fused_wg":
         causal = bool(attrs.get("causal", 0))
-        assert fused[3] == attention.wg_smem_bytes(D, causal)
+        assert fused[3] == attention.wg_smem_bytes(D, causal, Sk)
         assert fused[2] == (attention.wg_threads(D, causal), 1, 1)
         items = B * Hkv * -(-(H // Hkv) * Sq // 128) * kern.last_plan.splits
         if attention.wg_persistent(D, causal):  # one CTA per SM at most, looping over the items
@@ -684,7 +688,8 @@ def test_wg_schedule_choice(monkeypatch):
     CTA per SM at most (WG_MAX_CTAS caps them); both builds are compiled."""
     for D in attention.WG_BUILD:
         assert attention.wg_sched(D) == attention.WG_BUILD[D][0]
-        assert attention.wg_sched(D, True) == attention.WG_CAUSAL.get(D, attention.WG_BUILD[D][0])
+        want = attention.WG_CAUSAL[D][0] if D in attention.WG_CAUSAL else attention.WG_BUILD[D][0]
+        assert attention.wg_sched(D, True) == want
         assert attention.wg_persistent(D, True) == (attention.wg_sched(D, True) >= 6)
     assert attention.wg_grid(5000, 132) == 132 and attention.wg_grid(7, 132) == 7
     assert attention.wg_grid(0, 132) == 1
@@ -696,5 +701,14 @@ def test_wg_schedule_choice(monkeypatch):
         for bf16 in (0, 1):
             assert (D, bf16, attention.wg_sched(D)) in scheds
             assert (D, bf16, attention.wg_sched(D, True)) in scheds
+    # Long non-causal calls at D128 take WG_LONG's tile width; causal and short ones do not.
+    min_sk, keys = attention.WG_LONG[128]
+    assert attention.wg_keys(128, False, min_sk) == keys
+    assert attention.wg_keys(128, False, min_sk - 1) == attention.WG_BUILD[128][1]
+    assert attention.wg_keys(128, True, min_sk) == attention.WG_CAUSAL[128][1]
+    assert attention.wg_smem_bytes(128, False, min_sk) <= 232448  # sm_90 opt-in
+    v = attention._wg_variant(BF16, 128, False, min_sk)
+    assert v.defines.get("NXRT_WG_BN") == keys
+    assert "NXRT_WG_BN" not in attention._wg_variant(BF16, 128, True, min_sk).defines
     monkeypatch.setattr(attention, "WG_CAUSAL", {})
     assert attention.wg_sched(128, True) == attention.WG_BUILD[128][0]

@@ -280,6 +280,9 @@ WG_CASES = [
     (BF16, 1, 4, 2, 17, 1000, 128, {"local_window_size": 0}, 0, None),
     (F16, 2, 4, 2, 128, 1000, 128, {"scale": 0.05, "softcap": 3.0, "causal": 1}, 8, None),
     (BF16, 2, 4, 2, 17, 128, 64, {}, 2, None),
+    # D128 from WG_LONG's min Sk on: 176-key tiles, the last one partial (8300 = 47 x 176 + 28)
+    (BF16, 1, 4, 2, 200, 8300, 128, {}, 0, None),
+    (F16, 1, 4, 2, 130, 8200, 128, {"softcap": 5.0}, 1, None),
 ]
 
 
@@ -357,6 +360,7 @@ def test_wg_persistent_matches_one_cta_per_item(rt, ledger, rng, monkeypatch, ca
     for sched, cap in ((4, None), (6, 3), (7, 5)):
         monkeypatch.setattr(A, "WG_BUILD", {64: (sched, 128, 1), 128: (sched, 128, 1)})
         monkeypatch.setattr(A, "WG_CAUSAL", {})
+        monkeypatch.setattr(A, "WG_LONG", {})
         monkeypatch.setattr(A, "WG_MAX_CTAS", cap)
         kernel = AttentionKernel(rt, node, path="wg", num_splits=splits)
         with Buffers(rt) as bufs:

@@ -28,6 +28,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -77,8 +78,9 @@ CHECKS: list[tuple[str, int, int, int, int, int, int, dict, int, int | None]] = 
 #: producer streams the next item's Q and first tiles under the consumers' last P V and
 #: store); 7: 6 with the items dealt longest first in snake order (causal balance). Threads,
 #: stages and shared memory follow from the schedule number in attention.py (``wg_threads``,
-#: ``wg_smem_bytes``). A ``wg-sN`` impl runs schedule N for causal calls too (``WG_CAUSAL``
-#: emptied); impl ``wg`` runs attention.py's choice (``WG_BUILD``, ``WG_CAUSAL``).
+#: ``wg_smem_bytes``). A ``wg-sN`` impl runs schedule N for every call (``WG_CAUSAL`` and
+#: ``WG_LONG`` emptied; ``wg-sNkK``: with K keys per tile); impl ``wg`` runs attention.py's
+#: choice (``WG_BUILD``, ``WG_CAUSAL``, ``WG_LONG``).
 WG_SCHEDULES: dict[int, dict[str, Any]] = {
     0: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
     1: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
@@ -92,8 +94,9 @@ WG_SCHEDULES: dict[int, dict[str, Any]] = {
 PEERS = ("flash", "cudnn")
 
 
-def sched_build(sched: int) -> dict[int, tuple[int, int, int]]:
-    """attention.py's ``WG_BUILD`` with every head dim at schedule ``sched``.
+def sched_build(sched: int, keys: int | None = None) -> dict[int, tuple[int, int, int]]:
+    """attention.py's ``WG_BUILD`` with every head dim at schedule ``sched`` (``keys`` per
+    tile: the schedule's own when None).
 
     Raises
     ------
@@ -101,20 +104,20 @@ def sched_build(sched: int) -> dict[int, tuple[int, int, int]]:
         ``sched`` is not in :data:`WG_SCHEDULES`.
     """
     cfg = WG_SCHEDULES[sched]
-    return {D: (sched, cfg["keys"], mb) for D, mb in cfg["min_blocks"].items()}
+    return {D: (sched, keys or cfg["keys"], mb) for D, mb in cfg["min_blocks"].items()}
 
 
 @contextlib.contextmanager
-def schedule(sched: int) -> Iterator[Any]:
+def schedule(sched: int, keys: int | None = None) -> Iterator[Any]:
     """attention.py at schedule ``sched`` inside the block (restored after it)."""
     from nxrt_kernels import attention as A
 
-    saved = A.WG_BUILD, A.WG_CAUSAL
-    A.WG_BUILD, A.WG_CAUSAL = sched_build(sched), {}
+    saved = A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG
+    A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG = sched_build(sched, keys), {}, {}
     try:
         yield A
     finally:
-        A.WG_BUILD, A.WG_CAUSAL = saved
+        A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG = saved
 
 
 def _sched_smem(sched: int) -> dict[int, int]:
@@ -122,15 +125,25 @@ def _sched_smem(sched: int) -> dict[int, int]:
         return {D: A.wg_smem_bytes(D) for D in (64, 128)}
 
 
+def _impl_match(impl: str) -> re.Match[str] | None:
+    m = re.fullmatch(r"wg-s(\d+)(?:k(\d+))?", impl)
+    return m if m and int(m.group(1)) in WG_SCHEDULES else None
+
+
 def impl_sched(impl: str) -> int | None:
-    """The attention_wg.cu schedule an impl name forces (``wg-sN``: N; ``wg`` runs
-    attention.py's per-head-dim ``WG_BUILD`` as shipped; else None)."""
-    if impl.startswith("wg-s") and impl[4:].isdigit() and int(impl[4:]) in WG_SCHEDULES:
-        return int(impl[4:])
-    return None
+    """The attention_wg.cu schedule an impl name forces (``wg-sN`` or ``wg-sNkK``: N;
+    ``wg`` runs attention.py's ``WG_BUILD`` / ``WG_CAUSAL`` as shipped; else None)."""
+    m = _impl_match(impl)
+    return int(m.group(1)) if m else None
 
 
-IMPLS = ("fused", "wg") + tuple(f"wg-s{s}" for s in sorted(WG_SCHEDULES))
+def impl_keys(impl: str) -> int | None:
+    """Keys per tile an impl name forces (``wg-sNkK``: K, e.g. ``wg-s6k176``; else None)."""
+    m = _impl_match(impl)
+    return int(m.group(2)) if m and m.group(2) else None
+
+
+IMPLS = ("fused", "wg") + tuple(f"wg-s{s}" for s in sorted(WG_SCHEDULES)) + ("wg-s6k176",)
 
 
 def cases(quick: bool, dtypes: tuple[str, ...] = ("bf16",)) -> list[tuple]:
@@ -187,11 +200,11 @@ def _rows_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: list[tuple[int, 
     return np.stack(out)
 
 
-def _use_schedule(sched: int) -> None:
+def _use_schedule(sched: int, keys: int | None = None) -> None:
     """Point attention.py's wgmma plumbing at schedule ``sched`` (this process only)."""
     from nxrt_kernels import attention as A
 
-    A.WG_BUILD, A.WG_CAUSAL = sched_build(sched), {}
+    A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG = sched_build(sched, keys), {}, {}
 
 
 def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
@@ -211,7 +224,7 @@ def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
 
     sched = impl_sched(impl)
     if sched is not None:
-        _use_schedule(sched)
+        _use_schedule(sched, impl_keys(impl))
     path = "fused" if impl == "fused" else "wg"
     rt = nxrt.CudaRuntime(0)
     # This worker never uses torch: blocking its import saves the 2-4 s BenchContext spends
@@ -379,7 +392,7 @@ def precompile(impls: list[str], arch: str = "sm_90") -> None:
     for impl in impls:
         sched = impl_sched(impl)
         if sched is not None:
-            with schedule(sched):
+            with schedule(sched, impl_keys(impl)):
                 for dt in (DataType.FLOAT16, DataType.BFLOAT16):
                     for D in (64, 128):
                         v = A._wg_variant(dt, D)

@@ -81,7 +81,14 @@ namespace {
 
 constexpr int DP = HEAD_DIM;
 constexpr int BM = 128;          // packed query rows per CTA
-constexpr int BN = NXRT_WG_SCHED >= 2 ? 128 : 64;  // keys per tile
+// Keys per tile: 64 (schedules 0-1), 128 (2-7), or NXRT_WG_BN (176: schedules 4-7 only).
+#ifdef NXRT_WG_BN
+constexpr int BN = NXRT_WG_BN;
+static_assert(NXRT_WG_BN == 128 || (NXRT_WG_BN == 176 && NXRT_WG_SCHED >= 4),
+              "NXRT_WG_BN: 128, or 176 with schedules 4-7");
+#else
+constexpr int BN = NXRT_WG_SCHED >= 2 ? 128 : 64;
+#endif
 // Two warpgroups; schedules 4-5 add a producer warpgroup (see there).
 constexpr int NT = NXRT_WG_SCHED >= 4 ? 384 : 256;
 constexpr int HB = DP / 64;      // 64-channel blocks per row
@@ -363,7 +370,10 @@ __device__ __forceinline__ void issue_s(float (&s)[NS], unsigned qa, unsigned sK
     for (int ks = 0; ks < DP / 16; ++ks) {
         const unsigned qoff = (ks >> 2) * QBLK + (ks & 3) * 32;
         const unsigned koff = (ks >> 2) * TBLK + (ks & 3) * 32;
-#if NXRT_WG_SCHED >= 2
+#if defined(NXRT_WG_BN) && NXRT_WG_BN == 176
+        wg_ss176(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
+                 ks > 0 ? 1 : 0);
+#elif NXRT_WG_SCHED >= 2
         wg_ss128(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
                  ks > 0 ? 1 : 0);
 #else
