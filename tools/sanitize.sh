@@ -83,7 +83,7 @@ python3 -m nxrt.cli warm > "$OUT/warm.log" 2>&1 || echo "warning: nxrt warm fail
 ATTN_K="(test_vs_reference and (q17k128D64 or q1k17D80 or q128k17D64 or q17k17D80 \
 or q128k1000D64)) \
 or test_split_kv or test_simt_fallback or test_empty_keys or test_strided_views \
-or test_large_head_dim"
+or test_large_head_dim or test_wg_persistent or test_wg_path_in_child_process"
 PAGED_K="test_simple_odd_head or test_simple_path_on_mla_shapes or test_mla_32_key_tiles \
 or (test_decode_mla and bf16-half-rope) or test_slot_minus_one or test_attention_metadata_input \
 or test_out_of_range_ids_latch or test_position_outside_rotary_table_latches"
@@ -92,7 +92,7 @@ or f32-cap-hiN-k1 or bf16-odd-h72-rank3 or f16-narrow-h20 or f32-decode-splitk \
 or bf16-wg-h64-g96-cap)) or test_eager_rejects_bad_rows or test_capture_replay_and_poisoned_indices"
 # racecheck is the slowest (every shared-memory access is tracked): fewer cases.
 ATTN_K_RACE="(test_vs_reference and (q17k128D64 or q1k17D80)) or test_simt_fallback \
-or (test_split_kv and fused-4)"
+or (test_split_kv and fused-4) or (test_wg_persistent and q128k1000D128)"
 PAGED_K_RACE="test_mla_32_key_tiles or (test_simple_odd_head and bf16) or test_slot_minus_one"
 IS_K_RACE="test_matches_reference and (f16-mha-hiN-rank2 or bf16-mma-wm1-rank4-cap \
 or f32-decode-splitk or f32-cap-hiN-k1 or bf16-wg-h64-g96-cap)"
