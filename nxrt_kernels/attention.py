@@ -19,12 +19,16 @@ Paths
     f16/bf16 fallback for what ``tc`` cannot read. Any D <= 256, any strides.
 ``wg``
     Fused, Hopper warpgroup MMA (f16/bf16, D = 64 or 128, compute capability 9.0 only;
-    ``cuda/attention_wg.cu``, compiled for sm_90a): 128 packed query rows per CTA as two
-    warpgroups of 64, wgmma for S = Q Kᵀ (both operands from 128-byte-swizzled shared memory)
-    and O += P V (P from registers), double-buffered cp.async, the same row packing, masking,
-    split-KV partials and parameters as ``tc``. Forced with ``path="wg"``; ``auto`` takes it
-    for prefill (module flag ``WG_DEFAULT``, on since the H200 sweep: 1.36-1.47x ``tc`` on
-    every bf16 prefill row of ``tools/sweep_attention.py``).
+    ``cuda/attention_wg.cu``, compiled for sm_90a): 128 packed query rows per work item as two
+    consumer warpgroups of 64 fed by a producer warpgroup (cp.async into mbarrier-guarded
+    K/V rings), wgmma for S = Q Kᵀ (both operands from 128-byte-swizzled shared memory) and
+    O += P V (P from registers), the two consumers ping-ponging the tensor cores; the same
+    row packing, masking, split-KV partials and parameters as ``tc``. The shipped builds are
+    persistent (at most one CTA per SM looping over the work items); which schedule and how
+    many keys per tile a call gets is :func:`wg_build` (``WG_BUILD``, ``WG_CAUSAL``,
+    ``WG_LONG``: measured per head dim, causal or not, and Sk). Forced with ``path="wg"``;
+    ``auto`` takes it for prefill (module flag ``WG_DEFAULT``, on since the H200 sweep:
+    1.36-1.47x ``tc`` on every bf16 prefill row of ``tools/sweep_attention.py``).
 ``decode``
     Single-kernel decode (f16/bf16, tensor-core-readable layout, at most ``DEC_MAX_ROWS`` =
     16 packed query rows G·Sq; ``cuda/attention_fused_tc.cu`` built with ``DEC_STAGES``):
