@@ -20,7 +20,7 @@ from typing import Any
 from bench import row
 
 from nxrt.api import Node, TensorMut, TensorView, WorkspaceView
-from nxrt_kernels.attention import AttentionKernel
+from nxrt_kernels.attention import AttentionKernel, wg_build
 
 PREFILL_SHAPES = [(8, 32, 1024), (2, 32, 4096), (1, 32, 8192)]
 DECODE_SK = [1024, 8192, 32768]
@@ -116,6 +116,9 @@ def _prefill(ctx: Any, rows: list[dict]) -> None:
                     ms = ours.time(reps)
                     tf = flops / ms / 1e9
                     path = ours.kernel.last_plan.path
+                    if path == "wg":  # which wgmma build ran: schedule and keys per tile
+                        sched, keys, _ = wg_build(D, causal, S)
+                        path = f"wg s{sched} k{keys}"
                     for name, backend in _peers(ctx):
                         try:
                             call, ref = _sdpa(ctx, backend, q, k, v, causal)
