@@ -370,13 +370,21 @@ def wg_sched(D: int, causal: bool = False) -> int:
 def wg_threads(D: int, causal: bool = False) -> int:
     """Threads per CTA of the wgmma build at head dim D (384 for the warp-specialized ones;
     the keys per tile never change it)."""
-    return 384 if wg_sched(D, causal) >= 4 else 256
+    return _wg_threads(wg_sched(D, causal))
+
+
+def _wg_threads(sched: int) -> int:
+    return 384 if sched >= 4 else 256
 
 
 def wg_persistent(D: int, causal: bool = False) -> bool:
     """Whether the wgmma build at head dim D is persistent (schedules 6-7: a grid of at most
     one CTA per SM, each looping over work items)."""
-    return wg_sched(D, causal) >= 6
+    return _wg_persistent(wg_sched(D, causal))
+
+
+def _wg_persistent(sched: int) -> bool:
+    return sched >= 6
 
 
 def wg_grid(items: int, sm_count: int) -> int:
@@ -393,7 +401,11 @@ def wg_smem_bytes(D: int, causal: bool = False, Sk: int = 0) -> int:
     attention_wg.cu): Q [128 x D] and 2 (3 for schedules 3 and 5) stages of K and V
     [keys x D], the mbarriers of schedules 4-7, plus 1024 bytes of slack to align the
     swizzle atoms."""
-    sched, keys, _ = wg_build(D, causal, Sk)
+    return _wg_smem(D, wg_build(D, causal, Sk))
+
+
+def _wg_smem(D: int, build: tuple[int, int, int]) -> int:
+    sched, keys, _ = build
     stages = 3 if sched in (3, 5) else 2
     barriers = 256 if sched >= 4 else 0  # the producer/consumer mbarriers
     return (D // 64) * (WG_ROWS * 128 + 2 * stages * keys * 128) + barriers + 1024
@@ -959,10 +971,9 @@ class AttentionKernel:
                       v: TensorView, mask: TensorView | None, out: TensorView, ws: int) -> None:
         i32, i64, f32 = np.int32, np.int64, np.float32
         if p.path == "wg":
-            causal = bool(self.attrs.causal)
-            variant, entry = _wg_variant(dtype, p.dp, causal, dims.Sk), "attn_fused_wg"
-            bm, threads = WG_ROWS, wg_threads(p.dp, causal)
-            smem = wg_smem_bytes(p.dp, causal, dims.Sk)
+            build = wg_build(p.dp, bool(self.attrs.causal), dims.Sk)  # (schedule, keys, _)
+            variant, entry = _wg_build_variant(dtype, p.dp, build), "attn_fused_wg"
+            bm, threads, smem = WG_ROWS, _wg_threads(build[0]), _wg_smem(p.dp, build)
         elif p.path == "tc":
             nwarps, _ = TC_TILES[p.dp]
             variant, entry = _tc_variant(dtype, p.dp), "attn_fused_tc"
@@ -973,7 +984,7 @@ class AttentionKernel:
         row_tiles = -(-dims.group * dims.Sq // bm)
         n_ctas = row_tiles * dims.B * dims.Hkv  # within limits: plan() checked
         grid = (n_ctas, p.splits, 1)
-        if p.path == "wg" and wg_persistent(p.dp, bool(self.attrs.causal)):
+        if p.path == "wg" and _wg_persistent(build[0]):
             grid = (wg_grid(n_ctas * p.splits, int(self.rt.capabilities.sm_count)), 1, 1)
         split_o, split_ml = (ws, ws + p.ws_ml) if p.splits > 1 else (0, 0)
         strides = [i64(s) for t in (q, k, v, out) for s in t.element_strides[:3]]
