@@ -102,7 +102,7 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
 PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap",
-              "qreg", "minb")
+              "qreg", "minb", "ws", "ctas")
 #: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
 #: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
 #: between the two warpgroups of one 64-head block.
@@ -114,6 +114,9 @@ WG_QREG_LAYOUT = (1, 64)
 #: ptxas take what it needs; 3 caps a register-resident-Q warpgroup at 168 registers, so
 #: three CTAs with 2-stage rings share an SM (prefill N 64: 1.04 vs 1.27 ms, H200).
 WG_MINB = (1, 3)
+#: Groups of heads sharing an index row above this take the warp-specialised build (knob
+#: ``ws``) by default.
+WS_MIN_GROUP = 1 << 30
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
 WG_MIN_GROUP = 32
@@ -121,6 +124,12 @@ WG_MIN_GROUP = 32
 #: (same bits; see cuda/index_share_mma.cu). ``_DEFAULT_PIPE`` is what the planner takes.
 MMA_PIPES = (1, 2)
 _DEFAULT_PIPE = 2
+#: The warp-specialised persistent wgmma build (cuda/index_share_ws.cu, knob ``ws``): ring
+#: slots per head size (what 227 KiB of shared memory holds with 2048-column splits), and
+#: the most splits per task its merge weights hold.
+WS_SLOTS = {64: 4, 128: 2}
+WS_MAX_SPLITS = 8
+_WS_KT = 128  # keys per tile (and the column alignment of its splits)
 
 
 def _aux_variant(dt: DataType) -> Variant:
@@ -151,6 +160,12 @@ def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
     return Variant("index_share_wg.cu", ("is_attn_wg",), defines, min_arch=90, arch_suffix="a")
 
 
+def _ws_variant(dt: DataType, hd: int) -> Variant:
+    return Variant("index_share_ws.cu", ("is_attn_ws",),
+                   {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": WS_SLOTS[hd]},
+                   min_arch=90, arch_suffix="a")
+
+
 def compile_variants() -> list[Variant]:
     """Every (file, defines, entries) this module may launch (for ``nxrt warm`` and tests)."""
     out: list[Variant] = []
@@ -167,6 +182,7 @@ def compile_variants() -> list[Variant]:
                 for wgs, mrows in WG_LAYOUTS for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, ov, 1) for hd in (64, 128) for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, 0, 1, 3) for hd in (64, 128)]
+        out += [_ws_variant(dt, hd) for hd in (64, 128)]
     return out
 
 
@@ -213,7 +229,9 @@ class _Plan:
                 "wgs": d.get("IS_WGS"), "mrows": d.get("IS_MROWS"),
                 "overlap": d.get("IS_OVERLAP", 0) if self.path == "wg" else None,
                 "qreg": d.get("IS_QREG", 0) if self.path == "wg" else None,
-                "minb": d.get("IS_MINB", 1) if self.path == "wg" else None}
+                "minb": d.get("IS_MINB", 1) if self.path == "wg" else None,
+                "ws": int(self.entry == "is_attn_ws") if self.path == "wg" else None,
+                "ctas": self.grid if self.entry == "is_attn_ws" else None}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -239,6 +257,13 @@ def _wg_smem(hd: int, wgs: int, mrows: int, stages: int, cps: int, qreg: int = 0
     hb = hd // 64
     q = 0 if qreg else hb * mrows * 128
     return 1024 + q + stages * 2 * hb * kt * 128 + cps * 4
+
+
+def _ws_smem(hd: int, cps: int) -> int:
+    """Dynamic shared memory of is_attn_ws (mirrors the kernel's layout)."""
+    hb = hd // 64
+    fixed = hb * 128 * 128 + 2 * WS_SLOTS[hd] * hb * _WS_KT * 128 + 256 + 128 * (WS_MAX_SPLITS + 1) * 4
+    return 1024 + fixed + 2 * cps * 4 + 2 * (16 + 8 * cps)
 
 
 def _mma_smem(wm: int, wn: int, stages: int, hd: int, cps: int) -> int:
@@ -312,8 +337,25 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         raise KernelError(f"{OP}: the tensor-core path needs f16/bf16, H in (64, 128), one "
                           "shared index head, >= 8 heads per kv head and 16-byte aligned tensors")
     shared = g.index_heads == 1
-    stages, per_sm = 0, 1
+    stages, per_sm, ws = 0, 1, 0
     if use_wg:
+        ws = int(knobs.get("ws", 1 if g.group > WS_MIN_GROUP else 0))
+        if ws not in (0, 1):
+            raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
+        other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
+        if ws and other:
+            raise KernelError(f"{OP}: ws=1 (the warp-specialised build) takes only the knobs "
+                              f"splits, merge and ctas; got {other}")
+    if "ctas" in knobs and not ws:
+        raise KernelError(f"{OP}: ctas caps the persistent grid of ws=1 only")
+    if use_wg and ws:
+        # Warp-specialised and persistent (cuda/index_share_ws.cu): 128 heads per item,
+        # 128-key tiles, one CTA per SM looping over the (task, split) items.
+        col_align, max_cps = _WS_KT, 2048
+        hpc, threads, lpk = 128, 384, 0
+        variant, entry = _ws_variant(dt, h), "is_attn_ws"
+        stages = WS_SLOTS[h]
+    elif use_wg:
         # Layout and loop (H200 sweeps, benchmarks/NOTES.md). Decode (few rows): groups above
         # 64 heads take one 128-head CTA (two warpgroups), 64-head blocks two warpgroups
         # splitting each tile's keys (one CTA per SM with the deepest ring). Prefill (many
@@ -432,16 +474,26 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     if "splits" in knobs:
         # The tensor-core finish keeps nh x (splits + 1) weights in the ring: at most 32.
         splits = max(1, min(int(knobs["splits"]), -(-g.width // col_align),
-                            32 if (use_mma or use_wg) else 1 << 30))
+                            WS_MAX_SPLITS if ws else 32 if (use_mma or use_wg) else 1 << 30))
     elif use_mma or use_wg:
         splits = _choose_splits(tasks, g.width, col_align, max_cps, max(1, sm_count * per_sm))
+        if ws:
+            splits = min(splits, WS_MAX_SPLITS)
     else:
         target = sm_count * per_sm
         want = 1 if tasks >= target else -(-target // max(tasks, 1))
         splits = max(min(want, -(-g.width // 256)), -(-g.width // max_cps), 1)
     cps = min(_round_up(-(-g.width // splits), col_align), max_cps)
     splits = -(-g.width // cps)
-    if use_wg:
+    if ws and splits > WS_MAX_SPLITS:
+        raise KernelError(f"{OP}: ws=1 merges at most {WS_MAX_SPLITS} splits per row; "
+                          f"K={g.width} needs {splits} (use ws=0)")
+    if ws:
+        smem = _ws_smem(h, cps)
+        if smem > smem_max:
+            raise KernelError(f"{OP}: the warp-specialised plan needs {smem} bytes of shared "
+                              f"memory ({cps} columns per split); the device allows {smem_max}")
+    elif use_wg:
         smem = _wg_smem(h, wgs, mrows, stages, cps, qreg)
         if smem > smem_max:
             raise KernelError(f"{OP}: the wgmma plan needs {smem} bytes of shared memory "
@@ -462,7 +514,12 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         if merge not in ("last", "kernel"):
             raise KernelError(f"{OP}: merge={merge!r} must be 'last' or 'kernel'")
     grid = tasks * splits
-    if grid > 2**31 - 1:
+    if ws:  # persistent: at most one CTA per SM (or the ctas knob), each looping over items
+        cap = int(knobs.get("ctas", sm_count))
+        if cap < 1:
+            raise KernelError(f"{OP}: ctas={cap} must be >= 1")
+        grid = max(1, min(grid, sm_count, cap))
+    if tasks * splits > 2**31 - 1:
         raise KernelError(f"{OP}: {grid} thread blocks exceed the grid limit; use fewer "
                           "(batch, query) rows per call")
     rows = g.batch * g.q_len * g.heads
@@ -807,7 +864,8 @@ class IndexShareKernel:
                    i32(g.index_heads == 1), i32(g.index_heads), i32(plan.splits), i32(g.width),
                    i32(plan.cps), i32(g.head_size), i32(len0), i32(len1), i32(g.cache_len),
                    i32(g.index_dtype == DataType.INT64), i32(bias is not None), i32(plan.lpk),
-                   i32(plan.stages), np.float32(g.scale * math.log2(math.e))],
+                   i32(plan.stages), np.float32(g.scale * math.log2(math.e)),
+                   i32(plan.tasks * plan.splits)],
                   shared_mem=plan.smem)
         if plan.merge == "kernel":
             n_rows = g.batch * g.q_len * g.heads

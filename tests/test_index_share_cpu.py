@@ -310,10 +310,12 @@ def test_compile_variants_listed_and_nvrtc_sample():
 
     vs = index_share.compile_variants()
     assert {v.file for v in vs} == {"index_share_aux.cu", "index_share_attn.cu",
-                                    "index_share_mma.cu", "index_share_wg.cu"}
+                                    "index_share_mma.cu", "index_share_wg.cu",
+                                    "index_share_ws.cu"}
     sample = [vs[0], next(v for v in vs if v.file == "index_share_attn.cu"),
               next(v for v in vs if v.file == "index_share_mma.cu"),
-              next(v for v in vs if v.file == "index_share_wg.cu")]
+              next(v for v in vs if v.file == "index_share_wg.cu"),
+              next(v for v in vs if v.file == "index_share_ws.cu")]
     for v in sample:
         for arch in ("sm_80", "sm_90"):
             if v.min_arch > int(arch[3:]):
@@ -321,7 +323,7 @@ def test_compile_variants_listed_and_nvrtc_sample():
             c = compiler.compile_source(_common.source(v.file), v.file, arch + v.arch_suffix,
                                         v.options, _common.headers())
             assert c.cubin and b".entry" in c.ptx
-            if v.file == "index_share_wg.cu":
+            if v.file in ("index_share_wg.cu", "index_share_ws.cu"):
                 assert b"wgmma.mma_async" in c.ptx
 
 

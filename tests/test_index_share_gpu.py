@@ -200,9 +200,10 @@ def kern_violation(kern, views, outs):
     return None
 
 
-@pytest.mark.parametrize("n", [16, 64], ids=["mma", "wg"])
+@pytest.mark.parametrize("n,knobs", [(16, None), (64, None), (128, {"ws": 1, "ctas": 2})],
+                         ids=["mma", "wg", "ws"])
 @pytest.mark.parametrize("mode", ["none", "capacity"])
-def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n):
+def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n, knobs):
     b, nkv, h, k = 2, 2, 64, 64
     past = 500
     ins = case(rng, dtype=BF16, b=b, n=n, nkv=nkv, sq=1, cur=1, past=past, h=h, k=k, hi=1,
@@ -212,6 +213,8 @@ def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n):
     y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
     outs = [y] if mode == "none" else [y, arrs[3], arrs[4]]  # capacity: present aliases past
     kern = index_share.IndexShareFactory(rt).create(nd)
+    if knobs and _wg_device(rt):
+        kern.plan_override = knobs
     graph = None
     try:
         assert not kern.capture_support()
@@ -402,7 +405,11 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              {"wgs": 1, "mrows": 64, "qreg": 1, "overlap": 1, "stages": 3, "splits": 4},
              # Registers capped at 168 (three CTAs per SM): same arithmetic, same bits.
              {"wgs": 1, "mrows": 64, "qreg": 1, "stages": 2, "minb": 3},
-             {"wgs": 1, "mrows": 64, "qreg": 1, "stages": 2, "minb": 3, "splits": 4}]
+             {"wgs": 1, "mrows": 64, "qreg": 1, "stages": 2, "minb": 3, "splits": 4},
+             # The warp-specialised persistent build (128-key tiles: its own bits, the same
+             # for any grid or merge): capped grids make every CTA loop over many items.
+             {"ws": 1}, {"ws": 1, "ctas": 3}, {"ws": 1, "splits": 3},
+             {"ws": 1, "splits": 3, "ctas": 5}, {"ws": 1, "splits": 3, "merge": "kernel"}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])

@@ -45,10 +45,14 @@ TOL_BF16 = 1e-2
 # previous kernel's plan (4 warps, double buffer, splits from the old rule, is_combine).
 # "p1"/"p2" pin the tensor-core per-tile pipeline (IS_PIPE): p1 the first one, p2 the lean
 # issue/score path (bitwise the same results); decode rows first, they are the target.
-# Entries without "pipe" take the planner's default pipeline (_DEFAULT_PIPE).
+# Entries without "pipe" take the planner's default pipeline (_DEFAULT_PIPE). "ws" entries
+# are the warp-specialised persistent build (cuda/index_share_ws.cu).
 VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ("decode", 64): [
         ("default", None),
+        ("ws-S2", {"path": "wg", "ws": 1, "splits": 2}),
+        ("ws-S3", {"path": "wg", "ws": 1, "splits": 3}),
+        ("ws-S4", {"path": "wg", "ws": 1, "splits": 4}),
         ("wg:2x64-S2", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2}),
         ("wg:2x64-S4", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 4}),
         ("wg:2x64-st2-S4", {"path": "wg", "wgs": 2, "mrows": 64, "stages": 2, "splits": 4}),
@@ -85,6 +89,9 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("decode", 128): [
         ("default", None),
+        ("ws-S2", {"path": "wg", "ws": 1, "splits": 2}),
+        ("ws-S3", {"path": "wg", "ws": 1, "splits": 3}),
+        ("ws-S4", {"path": "wg", "ws": 1, "splits": 4}),
         ("wg:2x128-S2", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2}),
         ("wg:2x128-S4", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 4}),
         ("wg:2x128-st3-S4", {"path": "wg", "wgs": 2, "mrows": 128, "stages": 3, "splits": 4}),
@@ -107,6 +114,7 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("prefill", 64): [
         ("default", None),
+        ("ws", {"path": "wg", "ws": 1, "splits": 1}),
         ("wgqo:1x64-2/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
                             "overlap": 1, "minb": 1}),
         ("wgq:1x64-st2-3/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
@@ -133,6 +141,7 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ],
     ("prefill", 128): [
         ("default", None),
+        ("ws", {"path": "wg", "ws": 1, "splits": 1}),
         ("wgq:1x64-st2-3/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
                                "stages": 2, "minb": 3}),
         ("wg:2x128", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 1}),

@@ -136,9 +136,10 @@ __device__ __forceinline__ const is_t* is_row(const is_t* seg0, const is_t* seg1
                     : seg1 + (bh * len1 + (key - len0)) * (long long)H;
 }
 
-// The attention kernels' common parameter list (is_attn_simt, is_attn_mma, is_attn_wg: one
-// host launch path). `lpk` is the CUDA-core path's lanes per key; `stages` the tensor-core
-// ring depth.
+// The attention kernels' common parameter list (is_attn_simt, is_attn_mma, is_attn_wg,
+// is_attn_ws: one host launch path). `lpk` is the CUDA-core path's lanes per key; `stages`
+// the tensor-core ring depth; `items` the number of (task, split) work items (the grid of
+// the one-CTA-per-item kernels; the persistent is_attn_ws loops over them).
 #define IS_ATTN_PARAMS                                                                          \
   const is_t *__restrict__ q, const is_t *__restrict__ k0, const is_t *__restrict__ v0,        \
       const is_t *__restrict__ k1, const is_t *__restrict__ v1, const void *__restrict__ idx,  \
@@ -147,7 +148,7 @@ __device__ __forceinline__ const is_t* is_row(const is_t* seg0, const is_t* seg1
       const int *__restrict__ valid_len, long long bsb, long long bsh, long long bsq,          \
       long long bsk, int Sq, int N, int G, int U, int HBK, int shared_idx, int HI, int S, int K, \
       int cps, int H, int len0, int len1, int bound, int idx64, int has_bias, int lpk,         \
-      int stages, float scale_log2
+      int stages, float scale_log2, int items
 
 // Sources of 16-byte chunk `ch` of gathered key `kj`'s K and V rows (hd elements per row):
 // keys below len0 in segment 0 (k0/v0, row base0 + kj), the rest in segment 1 (k1/v1, row
@@ -179,10 +180,9 @@ struct IsTask {
   int qi, s, kvh, h0, nh, ih;
 };
 
-__device__ __forceinline__ IsTask is_decode_task(int Sq, int G, int U, int HBK, int shared_idx,
-                                                 int S, int heads_per_cta) {
+__device__ __forceinline__ IsTask is_decode_task_at(long long x, int Sq, int G, int U, int HBK,
+                                                    int shared_idx, int S, int heads_per_cta) {
   IsTask t;
-  long long x = blockIdx.x;
   const int u = (int)(x % U);
   x /= U;
   t.s = (int)(x % S);
@@ -203,6 +203,12 @@ __device__ __forceinline__ IsTask is_decode_task(int Sq, int G, int U, int HBK, 
     t.ih = u;
   }
   return t;
+}
+
+// The task of this CTA's work item blockIdx.x (one CTA per item).
+__device__ __forceinline__ IsTask is_decode_task(int Sq, int G, int U, int HBK, int shared_idx,
+                                                 int S, int heads_per_cta) {
+  return is_decode_task_at(blockIdx.x, Sq, G, U, HBK, shared_idx, S, heads_per_cta);
 }
 
 // A float from shared memory (kCg = false) or from split partials other CTAs wrote in this
@@ -277,18 +283,25 @@ __device__ __forceinline__ void is_finish_element(const float* part_o, const flo
 // thread counts the CTA in on the task's counter. True (in every thread of the CTA) for the
 // task's last CTA to arrive, which then reads the other splits' partials; the caller lets
 // the others leave (the result is uniform over the CTA).
-__device__ __forceinline__ bool is_last_arrival(unsigned* counters, long long task, int S,
-                                                int* s_flag) {
+// `is_last_arrival_by` is the same for a subset of the CTA's threads: `tid` numbers the
+// caller among them and `sync()` is their barrier (the persistent kernel's consumers).
+template <class Sync>
+__device__ __forceinline__ bool is_last_arrival_by(unsigned* counters, long long task, int S,
+                                                   int* s_flag, int tid, Sync sync) {
   __threadfence();  // this thread's partial stores, device-wide, before the arrival below
-  __syncthreads();
-  if (threadIdx.x == 0) {
+  sync();
+  if (tid == 0) {
     __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
     *s_flag = atomicAdd(counters + task, 1u) == (unsigned)(S - 1);
   }
-  __syncthreads();
+  sync();
   const bool last = *s_flag != 0;
   if (last) __threadfence();
   return last;
+}
+__device__ __forceinline__ bool is_last_arrival(unsigned* counters, long long task, int S,
+                                                int* s_flag) {
+  return is_last_arrival_by(counters, task, S, s_flag, (int)threadIdx.x, [] { __syncthreads(); });
 }
 
 // In-kernel split-K finish (S > 1, counters given). Call with every thread of the CTA after

@@ -86,13 +86,16 @@ __device__ __forceinline__ void is_cp_async_wait_dyn(int n) {
 // arithmetic, vectorised so the merging CTA pays a few memory latencies, not one per
 // element: per-row split weights once (into `s_w`, shared memory for nh * (S + 1)
 // floats), then float4 partial loads, 8 chunks x 2 splits in flight per thread.
-template <int kThreads, int kHD>
-__device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long long task, int S,
-                                                     const float* part_o, const float* part_ml,
-                                                     is_t* y, long long b, int qi, int Sq, int N,
-                                                     int h0, int nh, int* s_flag, float* s_w) {
-  if (!is_last_arrival(counters, task, S, s_flag)) return;  // uniform: the whole CTA leaves
-  for (int r = threadIdx.x; r < nh; r += kThreads) {
+// `_by`: run by kThreads threads numbered `tid` that `sync()` joins (is_last_arrival_by).
+template <int kThreads, int kHD, class Sync>
+__device__ __forceinline__ void is_finish_if_last_v4_by(unsigned* counters, long long task, int S,
+                                                        const float* part_o, const float* part_ml,
+                                                        is_t* y, long long b, int qi, int Sq,
+                                                        int N, int h0, int nh, int* s_flag,
+                                                        float* s_w, int tid, Sync sync) {
+  // Uniform over the participants: all leave, or all merge.
+  if (!is_last_arrival_by(counters, task, S, s_flag, tid, sync)) return;
+  for (int r = tid; r < nh; r += kThreads) {
     const float* ml = part_ml + is_prow(b, qi, Sq, N, h0 + r, S, 0) * 2;
     float M = is_neg_inf();
 #pragma unroll 4
@@ -109,7 +112,7 @@ __device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long lo
     }
     s_w[r * (S + 1) + S] = L;
   }
-  __syncthreads();
+  sync();
   constexpr int C4 = kHD / 4;  // float4 chunks per head row
   const int total = nh * C4;
   for (int base = 0; base < total; base += 8 * kThreads) {
@@ -121,7 +124,7 @@ __device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long lo
       float4 o[8];
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        const int c = base + u * kThreads + (int)threadIdx.x;
+        const int c = base + u * kThreads + tid;
         o[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         if (c < total) {
           const int r = c / C4, d4 = c - r * C4;
@@ -131,7 +134,7 @@ __device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long lo
       }
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
-        const int c = base + u * kThreads + (int)threadIdx.x;
+        const int c = base + u * kThreads + tid;
         if (c < total) {
           const float w = s_w[(c / C4) * (S + 1) + s];
           acc[u].x = __fmaf_rn(o[u].x, w, acc[u].x);
@@ -143,7 +146,7 @@ __device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long lo
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const int c = base + u * kThreads + (int)threadIdx.x;
+      const int c = base + u * kThreads + tid;
       if (c < total) {
         const int r = c / C4, d4 = c - r * C4;
         const float L = s_w[r * (S + 1) + S];
@@ -156,5 +159,14 @@ __device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long lo
       }
     }
   }
-  if (threadIdx.x == 0) counters[task] = 0u;  // the next launch (stream order) starts at zero
+  if (tid == 0) counters[task] = 0u;  // the next launch (stream order) starts at zero
+}
+template <int kThreads, int kHD>
+__device__ __forceinline__ void is_finish_if_last_v4(unsigned* counters, long long task, int S,
+                                                     const float* part_o, const float* part_ml,
+                                                     is_t* y, long long b, int qi, int Sq, int N,
+                                                     int h0, int nh, int* s_flag, float* s_w) {
+  is_finish_if_last_v4_by<kThreads, kHD>(counters, task, S, part_o, part_ml, y, b, qi, Sq, N, h0,
+                                         nh, s_flag, s_w, (int)threadIdx.x,
+                                         [] { __syncthreads(); });
 }
