@@ -17,8 +17,10 @@
 //        latching IS_LATCH_BIT), clamps them into the item's key buffer (two slots) with the
 //        live length and "hole" flag, and arrives on the slot's "keys" mbarrier;
 //     2. K(0) of the item (it streams in while the consumers finish the previous item);
-//     3. Q, once the consumers released the previous item's Q ("Q empty");
-//     4. the next item's index columns (cp.async, one commit group);
+//     3. Q, once the consumers released the previous item's Q ("Q empty", when its last
+//        S GEMM retired);
+//     4. the next item's index columns (cp.async, one commit group) and an L2 prefetch of
+//        its Q rows;
 //     5. K(it + 1), V(it) for every tile into NST-slot rings guarded by full/empty
 //        mbarriers (cp.async.mbarrier.arrive.noinc; rows by 16-byte cp.async from the keys).
 //   WG1, WG2, the consumers (setmaxnreg.inc to IS_CREG), 64 heads each: attention's loop
@@ -27,9 +29,9 @@
 //     heads leaves WG2 idle (it still waits and releases every slot) and skips the
 //     ping-pong. Then the item's rows (one split) or partials, and with several splits the
 //     last-arrival merge of is_finish_if_last_v4 over the 256 consumer threads (barrier 3).
-// Buffer reuse: the producer stages item n's keys (slot n & 1) after it waited for the
-// consumers to release item n - 2's Q, which they do after their last read of its keys;
-// one "keys" mbarrier per slot, so no barrier runs two phases ahead of a waiter.
+// Key slots: the producer stages item n's keys (slot n & 1) once the consumers released
+// the slot's previous item n - 2 ("keys empty", after their last softmax of it); one full
+// and one empty mbarrier per slot, so no barrier runs two phases ahead of a waiter.
 // Every item loads Q and has the Q empty cycle, even one without a key tile (a split past a
 // row's padding), so the producer's and the consumers' counts stay in step.
 //
@@ -98,20 +100,21 @@ static_assert(RSTEP % 8 == 0, "a producer thread's rows share one swizzled chunk
 static_assert(OFF_KEY % 16 == 0 && QBLK % 1024 == 0 && TBLK % 1024 == 0, "alignment");
 static_assert(OFF_KEY <= 232448, "more than the 227 KiB of opt-in shared memory per block");
 
-// mbarriers: Q full, Q empty, keys full (2 slots), then per ring slot K full, V full,
-// K empty, V empty.
+// mbarriers: Q full, Q empty, keys full (2 slots), keys empty (2 slots), then per ring slot
+// K full, V full, K empty, V empty.
 __device__ __forceinline__ unsigned bar_q(unsigned b) { return b; }
 __device__ __forceinline__ unsigned bar_qempty(unsigned b) { return b + 8; }
 __device__ __forceinline__ unsigned bar_keys(unsigned b, int s) { return b + 8 * (2 + s); }
-__device__ __forceinline__ unsigned bar_kfull(unsigned b, int s) { return b + 8 * (4 + s); }
-__device__ __forceinline__ unsigned bar_vfull(unsigned b, int s) { return b + 8 * (4 + NST + s); }
+__device__ __forceinline__ unsigned bar_keysempty(unsigned b, int s) { return b + 8 * (4 + s); }
+__device__ __forceinline__ unsigned bar_kfull(unsigned b, int s) { return b + 8 * (6 + s); }
+__device__ __forceinline__ unsigned bar_vfull(unsigned b, int s) { return b + 8 * (6 + NST + s); }
 __device__ __forceinline__ unsigned bar_kempty(unsigned b, int s) {
-  return b + 8 * (4 + 2 * NST + s);
+  return b + 8 * (6 + 2 * NST + s);
 }
 __device__ __forceinline__ unsigned bar_vempty(unsigned b, int s) {
-  return b + 8 * (4 + 3 * NST + s);
+  return b + 8 * (6 + 3 * NST + s);
 }
-static_assert(8 * (4 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
+static_assert(8 * (6 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
 
 constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
 constexpr int BAR_CONS = 3;              // the 256 consumer threads
@@ -189,6 +192,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
     mbar_init(bar_qempty(bars), EMPTY_ARRIVALS);
     mbar_init(bar_keys(bars, 0), NTP);
     mbar_init(bar_keys(bars, 1), NTP);
+    mbar_init(bar_keysempty(bars, 0), EMPTY_ARRIVALS);
+    mbar_init(bar_keysempty(bars, 1), EMPTY_ARRIVALS);
 #pragma unroll
     for (int s = 0; s < NST; ++s) {
       mbar_init(bar_kfull(bars, s), NTP);
@@ -206,8 +211,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
     const int c = p % CH, r0 = p / CH;
     // Index columns of `item` into raw slot `slot`: element i of the split at byte
     // 16 + i * esz, the column before the split (the left neighbour the rules need) just
-    // below it. One commit group.
-    auto fetch_index = [&](int item, int slot) {
+    // below it. One commit group. `prefetch_q`: also the item's Q rows into L2.
+    auto fetch_index = [&](int item, int slot, bool prefetch_q) {
+      // Laundered: the compiler must not keep this decode live across the tile loop for
+      // the next iteration's (32 bytes of registers the producer does not have).
+      asm volatile("" : "+r"(item));
       const IsTask t = task_of(item);
       const int c_begin = t.s * cps;
       const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
@@ -220,16 +228,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
           cp_async4(dst + 4 * i, static_cast<const int*>(idx) + irow + i);
       }
       is_cp_async_commit();
+      if (prefetch_q && p < t.nh) {
+        const char* qrow = reinterpret_cast<const char*>(
+            q + ((t.b * N + t.h0 + p) * (long long)Sq + t.qi) * HD);
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(qrow));
+        if (HD * sizeof(is_t) > 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(qrow + 128));
+      }
     };
     int gt = 0, qn = 0;  // ring tiles and items issued so far
-    if (n_rounds > 0 && item_at(0) < items) fetch_index(item_at(0), 0);
+    if (n_rounds > 0 && item_at(0) < items) fetch_index(item_at(0), 0, false);
     for (int r = 0; r < n_rounds; ++r) {
       const int item = item_at(r);
       if (item >= items) break;
       const IsTask t = task_of(item);
       const int slot = qn & 1;
-      // 1. Keys: this item's raw columns landed for every producer thread.
+      // 1. Keys: this item's raw columns landed for every producer thread, and the
+      // consumers are done with the key slot's previous item (n - 2).
       is_cp_async_wait(0);
+      if (qn >= 2) mbar_wait(bar_keysempty(bars, slot), ((qn - 2) >> 1) & 1);
       named_bar_sync(BAR_PROD, NTP);
       const int c_begin = t.s * cps;
       const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
@@ -291,12 +307,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         const int st = gi % NST, u = gi / NST;
         if (u > 0) mbar_wait(empty + 8 * st, (u - 1) & 1);
         const unsigned d = ring + st * T_BYTES + sw_off(r0, c, TBLK);
+        // Column col0 + k RSTEP, laundered so the compiler does not keep RPT column
+        // constants live across the loop (spills at IS_PREG registers).
+        int col0 = tile * KT + r0;
+        asm volatile("" : "+r"(col0));
         int kj[RPT];
 #pragma unroll
-        for (int k = 0; k < RPT; ++k) {
-          const int col = tile * KT + r0 + k * RSTEP;
-          kj[k] = col < live ? keys[col] : -1;
-        }
+        for (int k = 0; k < RPT; ++k) kj[k] = keys[col0 + k * RSTEP];  // -1 padded to tiles
 #pragma unroll
         for (int k = 0; k < RPT; ++k) {
           const bool ok = kj[k] >= 0;
@@ -322,8 +339,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         is_cp_async16_s(sbase + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
       }
       cp_async_mbar_arrive(bar_q(bars));
-      // 4. The next item's index columns.
-      if (r + 1 < n_rounds && item_at(r + 1) < items) fetch_index(item_at(r + 1), slot ^ 1);
+      // 4. The next item's index columns, and its Q rows prefetched into L2 (its Q load
+      // waits for this item's Q to be released: from L2 it lands sooner).
+      if (r + 1 < n_rounds && item_at(r + 1) < items) fetch_index(item_at(r + 1), slot ^ 1, true);
       // 5. K(it + 1), V(it).
       for (int it = 0; it < ntiles; ++it) {
         if (it + 1 < ntiles)
@@ -498,6 +516,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         ws_release(bar_vempty(bars, st), lane);
       }
       ws_release(bar_qempty(bars), lane);
+      ws_release(bar_keysempty(bars, slot), lane);
       gt += ntiles;
     } else {
       if (ntiles > 0) {
@@ -512,6 +531,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         wg_wait0();
         fence_regs(s);
         ws_release(bar_kempty(bars, st), lane);
+        if (ntiles == 1) ws_release(bar_qempty(bars), lane);  // the item's S GEMMs retired
         softmax(0);
         pack();
       }
@@ -535,6 +555,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         wg_wait1();  // S(t+1) retired; P(t) V(t) may still run
         fence_regs(s);
         ws_release(bar_kempty(bars, st1), lane);
+        if (it + 2 == ntiles) ws_release(bar_qempty(bars), lane);  // the last S retired
         softmax(it + 1);
         wg_wait0();
 #pragma unroll
@@ -543,9 +564,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         ws_release(bar_vempty(bars, st0), lane);
         pack();
       }
-      // Every S GEMM and key read of this item is done: the producer may load the next Q
-      // (and, one item later, reuse this key slot).
-      ws_release(bar_qempty(bars), lane);
+      // Q is released (the producer may load the next item's) once the item's last S GEMM
+      // retired, above; an item without a tile releases it here. Every read of the keys
+      // is done: their slot may take the item after next.
+      if (ntiles == 0) ws_release(bar_qempty(bars), lane);
+      ws_release(bar_keysempty(bars, slot), lane);
       if (ntiles > 0) {
         const int gl = gt + ntiles - 1, st = gl % NST;
         mbar_wait(bar_vfull(bars, st), (gl / NST) & 1);
@@ -573,15 +596,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         const float L = ws_quad_sum(l_run[x]);
         if (row >= t.nh) continue;
         if (S == 1) {
+          // One reciprocal per row (a divide per element cost ~15 % of the consumers'
+          // instructions per item); a row that saw no key (L = 0, O = 0) gives zeros.
+          const float inv = L > 0.f ? 1.f / L : 0.f;
           is_t* yr = y + ((t.b * N + t.h0 + row) * (long long)Sq + t.qi) * HD + 2 * tq;
 #pragma unroll
           for (int qb = 0; qb < HB; ++qb)
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
-              const float O0 = o[qb][4 * j + 2 * x], O1 = o[qb][4 * j + 2 * x + 1];
+            for (int j = 0; j < 8; ++j)
               *reinterpret_cast<unsigned*>(yr + 64 * qb + 8 * j) =
-                  is_pack2(L > 0.f ? O0 / L : 0.f, L > 0.f ? O1 / L : 0.f);
-            }
+                  is_pack2(o[qb][4 * j + 2 * x] * inv, o[qb][4 * j + 2 * x + 1] * inv);
         } else {
           const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + row, S, t.s);
           float* po = part_o + prow * HD + 2 * tq;
