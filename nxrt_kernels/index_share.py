@@ -102,7 +102,7 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
 PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap",
-              "qreg", "minb", "ws", "ctas")
+              "qreg", "minb", "ws", "ctas", "q2")
 #: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
 #: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
 #: between the two warpgroups of one 64-head block.
@@ -115,8 +115,9 @@ WG_QREG_LAYOUT = (1, 64)
 #: three CTAs with 2-stage rings share an SM (prefill N 64: 1.04 vs 1.27 ms, H200).
 WG_MINB = (1, 3)
 #: Groups of heads sharing an index row above this take the warp-specialised build (knob
-#: ``ws``) by default.
-WS_MIN_GROUP = 1 << 30
+#: ``ws``) by default: H200, N 128 prefill 1.18 vs 1.67 ms, decode 46.8 vs 49.0 us; at N 64
+#: (one consumer warpgroup idle) it loses (0.93 vs 0.86 ms, 37 vs 35 us), benchmarks/NOTES.md.
+WS_MIN_GROUP = 64
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
 WG_MIN_GROUP = 32
@@ -160,10 +161,11 @@ def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
     return Variant("index_share_wg.cu", ("is_attn_wg",), defines, min_arch=90, arch_suffix="a")
 
 
-def _ws_variant(dt: DataType, hd: int) -> Variant:
-    return Variant("index_share_ws.cu", ("is_attn_ws",),
-                   {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": WS_SLOTS[hd]},
-                   min_arch=90, arch_suffix="a")
+def _ws_variant(dt: DataType, hd: int, q2: int = 0) -> Variant:
+    defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": WS_SLOTS[hd]}
+    if q2:
+        defines["IS_Q2"] = 1
+    return Variant("index_share_ws.cu", ("is_attn_ws",), defines, min_arch=90, arch_suffix="a")
 
 
 def compile_variants() -> list[Variant]:
@@ -182,7 +184,7 @@ def compile_variants() -> list[Variant]:
                 for wgs, mrows in WG_LAYOUTS for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, ov, 1) for hd in (64, 128) for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, 0, 1, 3) for hd in (64, 128)]
-        out += [_ws_variant(dt, hd) for hd in (64, 128)]
+        out += [_ws_variant(dt, hd, q2) for hd in (64, 128) for q2 in (0, 1)]
     return out
 
 
@@ -231,7 +233,8 @@ class _Plan:
                 "qreg": d.get("IS_QREG", 0) if self.path == "wg" else None,
                 "minb": d.get("IS_MINB", 1) if self.path == "wg" else None,
                 "ws": int(self.entry == "is_attn_ws") if self.path == "wg" else None,
-                "ctas": self.grid if self.entry == "is_attn_ws" else None}
+                "ctas": self.grid if self.entry == "is_attn_ws" else None,
+                "q2": d.get("IS_Q2", 0) if self.entry == "is_attn_ws" else None}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -259,11 +262,16 @@ def _wg_smem(hd: int, wgs: int, mrows: int, stages: int, cps: int, qreg: int = 0
     return 1024 + q + stages * 2 * hb * kt * 128 + cps * 4
 
 
-def _ws_smem(hd: int, cps: int) -> int:
-    """Dynamic shared memory of is_attn_ws (mirrors the kernel's layout)."""
+def _ws_smem(hd: int, cps: int, q2: int = 0) -> int:
+    """Dynamic shared memory of is_attn_ws (mirrors the kernel's layout).
+
+    ``q2``: two Q slots, no split-merge weights, int32 index slots.
+    """
     hb = hd // 64
-    fixed = hb * 128 * 128 + 2 * WS_SLOTS[hd] * hb * _WS_KT * 128 + 256 + 128 * (WS_MAX_SPLITS + 1) * 4
-    return 1024 + fixed + 2 * cps * 4 + 2 * (16 + 8 * cps)
+    q = (2 if q2 else 1) * hb * 128 * 128
+    ring = 2 * WS_SLOTS[hd] * hb * _WS_KT * 128
+    weights = 0 if q2 else 128 * (WS_MAX_SPLITS + 1) * 4
+    return 1024 + q + ring + 256 + weights + 2 * cps * 4 + 2 * (16 + (4 if q2 else 8) * cps)
 
 
 def _mma_smem(wm: int, wn: int, stages: int, hd: int, cps: int) -> int:
@@ -339,21 +347,23 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     shared = g.index_heads == 1
     stages, per_sm, ws = 0, 1, 0
     if use_wg:
-        ws = int(knobs.get("ws", 1 if g.group > WS_MIN_GROUP else 0))
+        fits = -(-g.width // 2048) <= WS_MAX_SPLITS  # its split merge holds 8 partials
+        ws = int(knobs.get("ws", 1 if g.group > WS_MIN_GROUP and fits else 0))
         if ws not in (0, 1):
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
         other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
         if ws and other:
             raise KernelError(f"{OP}: ws=1 (the warp-specialised build) takes only the knobs "
-                              f"splits, merge and ctas; got {other}")
-    if "ctas" in knobs and not ws:
-        raise KernelError(f"{OP}: ctas caps the persistent grid of ws=1 only")
+                              f"splits, merge, ctas and q2; got {other}")
+    for only_ws in ("ctas", "q2"):
+        if only_ws in knobs and not ws:
+            raise KernelError(f"{OP}: {only_ws} applies to the warp-specialised build (ws=1) only")
     if use_wg and ws:
         # Warp-specialised and persistent (cuda/index_share_ws.cu): 128 heads per item,
         # 128-key tiles, one CTA per SM looping over the (task, split) items.
         col_align, max_cps = _WS_KT, 2048
         hpc, threads, lpk = 128, 384, 0
-        variant, entry = _ws_variant(dt, h), "is_attn_ws"
+        variant, entry = _ws_variant(dt, h), "is_attn_ws"  # (q2 is chosen with the splits)
         stages = WS_SLOTS[h]
     elif use_wg:
         # Layout and loop (H200 sweeps, benchmarks/NOTES.md). Decode (few rows): groups above
@@ -489,7 +499,15 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         raise KernelError(f"{OP}: ws=1 merges at most {WS_MAX_SPLITS} splits per row; "
                           f"K={g.width} needs {splits} (use ws=0)")
     if ws:
-        smem = _ws_smem(h, cps)
+        # Two Q slots (the next item's Q streams in under this one's last tiles) where the
+        # shared memory has room for them: one split (no merge weights) and int32 indices.
+        q2_ok = splits == 1 and g.index_dtype == DataType.INT32 and _ws_smem(h, cps, 1) <= smem_max
+        q2 = int(knobs.get("q2", 1 if q2_ok else 0))
+        if q2 not in (0, 1) or (q2 and not q2_ok):
+            raise KernelError(f"{OP}: q2={q2} must be 0, or 1 with one split, int32 indices and "
+                              f"{_ws_smem(h, cps, 1)} bytes of shared memory")
+        variant = _ws_variant(dt, h, q2)
+        smem = _ws_smem(h, cps, q2)
         if smem > smem_max:
             raise KernelError(f"{OP}: the warp-specialised plan needs {smem} bytes of shared "
                               f"memory ({cps} columns per split); the device allows {smem_max}")

@@ -826,13 +826,13 @@ def test_emulated_mma_pipes_bitwise_equal(emu, rng, layout, bias):
 # ---------------------------------------------------------------------------------------
 
 def _geom(n: int, nkv: int = 1, b: int = 64, sq: int = 1, k: int = 2048, h: int = 128,
-          dt: DataType = DataType.BFLOAT16, hi: int = 1):
+          dt: DataType = DataType.BFLOAT16, hi: int = 1, idt: DataType = DataType.INT32):
     from nxrt_kernels._ref_index_share import parse_attributes, resolve_geometry
 
     past = 8191
     shapes = [(b, n, sq, h), (b, nkv, sq, h), (b, nkv, sq, h), (b, nkv, past, h),
               (b, nkv, past, h), (b, hi, sq, k)]
-    dts = [dt] * 5 + [DataType.INT32]
+    dts = [dt] * 5 + [idt]
     return resolve_geometry(parse_attributes(node(n, nkv)), shapes, dts, "none")
 
 
@@ -859,21 +859,67 @@ def test_wg_plan_choice_and_layouts():
              wg_arch=True)
     assert (p.per_sm, p.stages, p.knobs["minb"]) == (2, 2, 1)
     assert q.smem == p.smem - 16384 + 32768 and t.smem == p.smem - 16384
-    # N128: decode takes one 128-head CTA; prefill two 64-head blocks per row, three CTAs
-    # per SM; a pinned 128-head prefill CTA takes the overlapped loop (>= 3 stages).
-    p = plan(_geom(128), 132, True, None, False, wg_arch=True)
+    # N128 with the barrier-coupled build (ws=0): decode takes one 128-head CTA; prefill two
+    # 64-head blocks per row, three CTAs per SM; a pinned 128-head prefill CTA takes the
+    # overlapped loop (>= 3 stages). (The default above 64 heads is ws: see below.)
+    p = plan(_geom(128), 132, True, None, False, knobs={"ws": 0}, wg_arch=True)
     assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == (2, 128, 0)
-    p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, wg_arch=True)
+    p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, knobs={"ws": 0}, wg_arch=True)
     assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["minb"], p.per_sm) == (1, 64, 3, 3)
     assert p.hbk == 2 and p.grid == 2 * 4096
-    p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, knobs={"mrows": 128},
+    p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, knobs={"ws": 0, "mrows": 128},
              wg_arch=True)
     assert (p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == (2, 128, 1)
     assert p.stages >= 3
     # Groups of 96 heads: one 128-row block (rows past 96 are dropped); 48: one 64-row block.
-    assert plan(_geom(96), 132, True, None, False, wg_arch=True).hbk == 1
+    assert plan(_geom(96), 132, True, None, False, knobs={"ws": 0}, wg_arch=True).hbk == 1
     p = plan(_geom(48), 132, True, None, False, wg_arch=True)
     assert (p.knobs["mrows"], p.hbk) == (64, 1)
+
+
+def test_ws_plan_choice_grid_and_refusals():
+    """The warp-specialised persistent build: the default above 64 heads per index row,
+    one CTA per SM (or the ctas cap) looping over tasks x splits items, two Q slots where
+    they fit (one split, int32 indices), shared memory as the kernel lays it out."""
+    plan = index_share._plan
+    # Decode N128: 64 tasks split in two (128 items on 132 SMs), one Q slot (merge weights).
+    p = plan(_geom(128), 132, True, None, False, wg_arch=True)
+    assert (p.path, p.entry, p.threads, p.heads_per_cta) == ("wg", "is_attn_ws", 384, 128)
+    assert (p.knobs["ws"], p.knobs["q2"], p.splits, p.merge) == (1, 0, 2, "last")
+    assert p.grid == min(p.tasks * p.splits, 132) == 128 and p.cps == 1024
+    assert p.smem == index_share._ws_smem(128, 1024) <= 227 * 1024
+    # Prefill N128: 4096 items on 132 CTAs, two Q slots; int64 indices keep one.
+    p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, wg_arch=True)
+    assert (p.knobs["q2"], p.splits, p.grid, p.tasks) == (1, 1, 132, 4096)
+    assert p.variant.defines["IS_Q2"] == 1 and p.smem == index_share._ws_smem(128, 2048, 1)
+    assert p.smem <= 227 * 1024 < index_share._ws_smem(128, 2048, 1) + 128 * 9 * 4 + 8192
+    p64 = plan(_geom(128, b=1, sq=4096, idt=DataType.INT64), 132, True, None, False,
+               wg_arch=True)
+    assert p64.knobs["q2"] == 0 and "IS_Q2" not in p64.variant.defines
+    # H 64: four ring slots; GQA: one item per (kv head, 128-head block).
+    p = plan(_geom(256, nkv=2, b=1, sq=50, k=300, h=64), 132, True, None, False, wg_arch=True)
+    assert p.variant.defines["IS_NST"] == 4 and p.units == 2 and p.tasks == 100
+    # Knobs: a capped grid, pinned splits and merge, one Q slot.
+    p = plan(_geom(128), 132, True, None, False, knobs={"ctas": 5, "splits": 3,
+                                                         "merge": "kernel"}, wg_arch=True)
+    assert (p.grid, p.splits, p.merge, p.knobs["ctas"]) == (5, 3, "kernel", 5)
+    assert plan(_geom(128, b=1, sq=4096), 132, True, None, False, knobs={"q2": 0},
+                wg_arch=True).knobs["q2"] == 0
+    # More than 8 x 2048 columns, or 64 heads, keep the barrier-coupled build unless asked.
+    assert plan(_geom(128, k=9 * 2048), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
+    assert plan(_geom(64), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
+    assert plan(_geom(64), 132, True, None, False, knobs={"ws": 1}, wg_arch=True).grid == 128
+    for knobs, geom, match in (
+            ({"ws": 1, "wgs": 2}, _geom(128), "takes only the knobs"),
+            ({"ws": 2}, _geom(128), "ws=2 must be 0 or 1"),
+            ({"ws": 0, "ctas": 4}, _geom(128), "ctas applies"),
+            ({"ws": 0, "q2": 1}, _geom(128), "q2 applies"),
+            ({"ctas": 0}, _geom(128), "ctas=0 must be"),
+            ({"q2": 1}, _geom(128), "q2=1 must be 0, or 1 with one split"),
+            ({"q2": 1}, _geom(128, b=1, sq=4096, idt=DataType.INT64), "int32 indices"),
+            ({"ws": 1}, _geom(128, k=9 * 2048), "at most 8 splits")):
+        with pytest.raises(KernelError, match=match):
+            plan(geom, 132, True, None, False, knobs=knobs, wg_arch=True)
 
 
 def test_wg_plan_declines_and_refusals():

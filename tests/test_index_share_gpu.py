@@ -113,6 +113,12 @@ CASES = [
      "concat", None),
     ("bf16-wg-h64-g96-cap", BF16, 2, 96, 1, 1, 1, 3000, 64, 1500, 1, (2, 96, 1, "C"), np.int32,
      "capacity", None),
+    # The warp-specialised build (groups above 64 heads on sm_90): int64 indices (one Q
+    # slot), a rank-4 bias, GQA with two 128-head groups at H 64 (two Q slots).
+    ("bf16-ws-g128-i64-rank4", BF16, 2, 128, 1, 2, 3, 2600, 128, 2048, 1, (2, 128, 2, "C"),
+     np.int64, "concat", None),
+    ("f16-ws-gqa2-g128-h64", F16, 1, 256, 2, 3, 3, 900, 64, 300, 1, None, np.int32, "none",
+     None),
     ("f32-cap-hiN-k1", F32, 3, 6, 2, 2, 1, 50, 16, 1, 6, (3, 6, 2, "C"), np.int64, "capacity",
      None),
     ("bf16-odd-h72-rank3", BF16, 2, 6, 3, 3, 2, 40, 72, 7, 6, (1, 3, "C"), np.int32, "none",
@@ -369,8 +375,8 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
     across warpgroups, one warpgroup), ring depth, split count, split merge, loop (plain or
     overlapped) and register cap (minb) matches the reference; plans with the same layout
     and splits give the same bits whatever the depth, merge, loop or cap; repeated runs are
-    bitwise equal; it is the default where it applies (with enough rows: the three-CTA
-    build)."""
+    bitwise equal; it is the default where it applies (above 64 heads per index row the
+    warp-specialised build, with two Q slots when there is one split)."""
     if not _wg_device(rt):
         pytest.skip("the wgmma path needs an sm_90 device")
     dt, h, bias = BF16, 128, None
@@ -409,14 +415,18 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              # The warp-specialised persistent build (128-key tiles: its own bits, the same
              # for any grid or merge): capped grids make every CTA loop over many items.
              {"ws": 1}, {"ws": 1, "ctas": 3}, {"ws": 1, "splits": 3},
-             {"ws": 1, "splits": 3, "ctas": 5}, {"ws": 1, "splits": 3, "merge": "kernel"}]
+             {"ws": 1, "splits": 3, "ctas": 5}, {"ws": 1, "splits": 3, "merge": "kernel"},
+             # One or two Q slots: the same arithmetic, the same bits.
+             {"ws": 1, "splits": 1, "q2": 0}, {"ws": 1, "splits": 1, "q2": 1, "ctas": 3}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
         assert kern.last_plan.path == "wg", kern.last_plan
-        if shape == "prefill-many-g128":
-            kn = kern.last_plan.knobs
-            assert (kn["wgs"], kn["mrows"], kn["qreg"], kn["minb"]) == (1, 64, 1, 3), kn
+        kn = kern.last_plan.knobs
+        if shape == "decode-g64":  # 64 heads: two warpgroups splitting each tile's keys
+            assert (kn["ws"], kn["wgs"], kn["mrows"]) == (0, 2, 64), kn
+        else:  # more than 64 heads share a row: the warp-specialised build
+            assert kn["ws"] == 1 and kn["q2"] == (kern.last_plan.splits == 1), kn
         _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg"),
                      TOL[DataType.from_numpy(dt)], repeats=2)
     finally:

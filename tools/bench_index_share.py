@@ -176,6 +176,9 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     # labels ("H128cache8k", "S2last"); plain " ".join has no f-string spacing to lose.
     if path == "mma":
         words = [f"mma{kn['wm']}x{kn['wn']}", f"st{kn['stages']}", f"S{kn['splits']}{kn['merge']}"]
+    elif path == "wg" and kn.get("ws"):
+        words = ["ws128", *(["q2"] if kn["q2"] else []), f"{kn['ctas']}CTAs",
+                 f"S{kn['splits']}{kn['merge']}"]
     elif path == "wg":
         words = [f"wg{kn['wgs']}x{kn['mrows']}", *(["qreg"] if kn["qreg"] else []),
                  *(["overlap"] if kn["overlap"] else []),

@@ -115,6 +115,7 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ("prefill", 64): [
         ("default", None),
         ("ws", {"path": "wg", "ws": 1, "splits": 1}),
+        ("ws-q1", {"path": "wg", "ws": 1, "splits": 1, "q2": 0}),
         ("wgqo:1x64-2/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
                             "overlap": 1, "minb": 1}),
         ("wgq:1x64-st2-3/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
@@ -142,6 +143,7 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ("prefill", 128): [
         ("default", None),
         ("ws", {"path": "wg", "ws": 1, "splits": 1}),
+        ("ws-q1", {"path": "wg", "ws": 1, "splits": 1, "q2": 0}),
         ("wgq:1x64-st2-3/SM", {"path": "wg", "wgs": 1, "mrows": 64, "splits": 1, "qreg": 1,
                                "stages": 2, "minb": 3}),
         ("wg:2x128", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 1}),
@@ -169,6 +171,9 @@ def shape_name(c: dict[str, Any]) -> str:
 
 
 def plan_text(p: dict[str, Any]) -> str:
+    if p.get("path") == "wg" and p.get("ws"):
+        return (f"ws128{' q2' if p.get('q2') else ''} S{p['splits']} {p['merge']} "
+                f"g{p['grid']} {p['smem'] // 1024}K")
     if p.get("path") == "wg":
         per_sm = f" {p['minb']}/SM" if (p.get("minb") or 1) > 1 else ""
         return (f"wg{'q' if p.get('qreg') else ''}{'o' if p.get('overlap') else ''} "

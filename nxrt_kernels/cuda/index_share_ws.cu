@@ -56,6 +56,9 @@
 #ifndef IS_CREG
 #define IS_CREG 224
 #endif
+#ifndef IS_Q2
+#define IS_Q2 0
+#endif
 #if IS_DTYPE == 1
 #define NXRT_WG_AB "f16.f16"
 #else
@@ -83,12 +86,13 @@ constexpr int NT = 3 * NTP;
 constexpr int QBLK = BM * 128;
 constexpr int TBLK = KT * 128;
 constexpr int Q_BYTES = HB * QBLK;
+constexpr int QS = IS_Q2 ? 2 : 1;    // Q slots
 constexpr int T_BYTES = HB * TBLK;
-constexpr int OFF_K = Q_BYTES;
+constexpr int OFF_K = QS * Q_BYTES;
 constexpr int OFF_V = OFF_K + NST * T_BYTES;
 constexpr int OFF_BAR = OFF_V + NST * T_BYTES;
 constexpr int OFF_W = OFF_BAR + 256;
-constexpr int OFF_KEY = OFF_W + BM * (IS_WS_MAXS + 1) * 4;
+constexpr int OFF_KEY = OFF_W + (IS_Q2 ? 0 : BM * (IS_WS_MAXS + 1) * 4);  // IS_Q2: no merge
 constexpr int RSTEP = NTP / CH;      // rows one pass of the producer copies
 constexpr int RPT = KT / RSTEP;      // rows per producer thread per tile
 constexpr int EMPTY_ARRIVALS = 8;    // one per consumer warp
@@ -100,21 +104,23 @@ static_assert(RSTEP % 8 == 0, "a producer thread's rows share one swizzled chunk
 static_assert(OFF_KEY % 16 == 0 && QBLK % 1024 == 0 && TBLK % 1024 == 0, "alignment");
 static_assert(OFF_KEY <= 232448, "more than the 227 KiB of opt-in shared memory per block");
 
-// mbarriers: Q full, Q empty, keys full (2 slots), keys empty (2 slots), then per ring slot
-// K full, V full, K empty, V empty.
-__device__ __forceinline__ unsigned bar_q(unsigned b) { return b; }
-__device__ __forceinline__ unsigned bar_qempty(unsigned b) { return b + 8; }
-__device__ __forceinline__ unsigned bar_keys(unsigned b, int s) { return b + 8 * (2 + s); }
-__device__ __forceinline__ unsigned bar_keysempty(unsigned b, int s) { return b + 8 * (4 + s); }
-__device__ __forceinline__ unsigned bar_kfull(unsigned b, int s) { return b + 8 * (6 + s); }
-__device__ __forceinline__ unsigned bar_vfull(unsigned b, int s) { return b + 8 * (6 + NST + s); }
+// mbarriers (8 bytes each): keys full and keys empty per key slot, K full, V full, K empty
+// and V empty per ring slot, then Q full and Q empty per Q slot.
+__device__ __forceinline__ unsigned bar_keys(unsigned b, int s) { return b + 8 * s; }
+__device__ __forceinline__ unsigned bar_keysempty(unsigned b, int s) { return b + 8 * (2 + s); }
+__device__ __forceinline__ unsigned bar_kfull(unsigned b, int s) { return b + 8 * (4 + s); }
+__device__ __forceinline__ unsigned bar_vfull(unsigned b, int s) { return b + 8 * (4 + NST + s); }
 __device__ __forceinline__ unsigned bar_kempty(unsigned b, int s) {
-  return b + 8 * (6 + 2 * NST + s);
+  return b + 8 * (4 + 2 * NST + s);
 }
 __device__ __forceinline__ unsigned bar_vempty(unsigned b, int s) {
-  return b + 8 * (6 + 3 * NST + s);
+  return b + 8 * (4 + 3 * NST + s);
 }
-static_assert(8 * (6 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
+__device__ __forceinline__ unsigned bar_q(unsigned b, int s) { return b + 8 * (4 + 4 * NST + s); }
+__device__ __forceinline__ unsigned bar_qempty(unsigned b, int s) {
+  return b + 8 * (6 + 4 * NST + s);
+}
+static_assert(8 * (8 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
 
 constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
 constexpr int BAR_CONS = 3;              // the 256 consumer threads
@@ -157,14 +163,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Keys and raw index slots follow the fixed layout; cps sizes them.
   const int key_bytes = 2 * cps * 4;
-  const int raw_slot = 16 + 8 * cps;
+  const int raw_slot = 16 + (IS_Q2 ? 4 : 8) * cps;  // IS_Q2: int32 indices only
   {
     unsigned dyn;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
     // A short launch would write past the end; another block shape would hang the
     // barriers; more splits than the merge weights hold would overrun them: return at once.
     if ((long long)dyn < 1024LL + OFF_KEY + key_bytes + 2LL * raw_slot ||
-        blockDim.x != (unsigned)NT || blockDim.y != 1u || blockDim.z != 1u || S > IS_WS_MAXS)
+        blockDim.x != (unsigned)NT || blockDim.y != 1u || blockDim.z != 1u ||
+        S > (IS_Q2 ? 1 : IS_WS_MAXS) || (IS_Q2 && idx64))
       return;
   }
   unsigned char* smem = smem_raw + ((1024u - (ws_smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -172,7 +179,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
   const unsigned bars = sbase + OFF_BAR;
   int* s_keys = reinterpret_cast<int*>(smem + OFF_KEY);            // [2][cps]
   unsigned char* s_raw = smem + OFF_KEY + key_bytes;                 // [2][raw_slot]
+#if !IS_Q2
   float* s_w = reinterpret_cast<float*>(smem + OFF_W);
+#endif
   __shared__ int s_meta[2][2];  // per key slot: live length, hole (a -1 before it)
   __shared__ int s_red[4][2];   // producer warps' live / first -1
   __shared__ int s_flag;
@@ -188,8 +197,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
   };
 
   if (tid == 0) {
-    mbar_init(bar_q(bars), NTP);
-    mbar_init(bar_qempty(bars), EMPTY_ARRIVALS);
+    for (int i = 0; i < QS; ++i) {
+      mbar_init(bar_q(bars, i), NTP);
+      mbar_init(bar_qempty(bars, i), EMPTY_ARRIVALS);
+    }
     mbar_init(bar_keys(bars, 0), NTP);
     mbar_init(bar_keys(bars, 1), NTP);
     mbar_init(bar_keysempty(bars, 0), EMPTY_ARRIVALS);
@@ -211,8 +222,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
     const int c = p % CH, r0 = p / CH;
     // Index columns of `item` into raw slot `slot`: element i of the split at byte
     // 16 + i * esz, the column before the split (the left neighbour the rules need) just
-    // below it. One commit group. `prefetch_q`: also the item's Q rows into L2.
-    auto fetch_index = [&](int item, int slot, bool prefetch_q) {
+    // below it. One commit group.
+    auto fetch_index = [&](int item, int slot) {
       // Laundered: the compiler must not keep this decode live across the tile loop for
       // the next iteration's (32 bytes of registers the producer does not have).
       asm volatile("" : "+r"(item));
@@ -228,15 +239,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
           cp_async4(dst + 4 * i, static_cast<const int*>(idx) + irow + i);
       }
       is_cp_async_commit();
-      if (prefetch_q && p < t.nh) {
-        const char* qrow = reinterpret_cast<const char*>(
-            q + ((t.b * N + t.h0 + p) * (long long)Sq + t.qi) * HD);
-        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(qrow));
-        if (HD * sizeof(is_t) > 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(qrow + 128));
-      }
     };
     int gt = 0, qn = 0;  // ring tiles and items issued so far
-    if (n_rounds > 0 && item_at(0) < items) fetch_index(item_at(0), 0, false);
+    if (n_rounds > 0 && item_at(0) < items) fetch_index(item_at(0), 0);
     for (int r = 0; r < n_rounds; ++r) {
       const int item = item_at(r);
       if (item >= items) break;
@@ -329,19 +334,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
       // 2. K(0).
       if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1, k0);
       // 3. Q (rows past nh zero), once the consumers released the previous item's.
-      if (qn > 0) mbar_wait(bar_qempty(bars), (qn - 1) & 1);
+      if (qn >= QS) mbar_wait(bar_qempty(bars, qn % QS), ((qn - QS) / QS) & 1);
+      const unsigned sq = sbase + (qn % QS) * Q_BYTES;
 #pragma unroll 4
       for (int kq = 0; kq < BM / RSTEP; ++kq) {
         const int rr = r0 + kq * RSTEP;
         const bool ok = rr < t.nh;
         const is_t* src =
             ok ? q + ((t.b * N + t.h0 + rr) * (long long)Sq + t.qi) * HD + c * 8 : q;
-        is_cp_async16_s(sbase + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
+        is_cp_async16_s(sq + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
       }
-      cp_async_mbar_arrive(bar_q(bars));
-      // 4. The next item's index columns, and its Q rows prefetched into L2 (its Q load
-      // waits for this item's Q to be released: from L2 it lands sooner).
-      if (r + 1 < n_rounds && item_at(r + 1) < items) fetch_index(item_at(r + 1), slot ^ 1, true);
+      cp_async_mbar_arrive(bar_q(bars, qn % QS));
+      // 4. The next item's index columns.
+      if (r + 1 < n_rounds && item_at(r + 1) < items) fetch_index(item_at(r + 1), slot ^ 1);
       // 5. K(it + 1), V(it).
       for (int it = 0; it < ntiles; ++it) {
         if (it + 1 < ntiles)
@@ -362,7 +367,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
   setmaxnreg_inc<CREG>();
   const int cw = wg - 1;
   const int ctid = tid - NTP;
-  const unsigned qa = sbase + 64 * cw * 128;
+  const unsigned qa0 = sbase + 64 * cw * 128;  // this WG's 64 rows of Q slot 0
   const int bar_mine = BAR_PP1 + cw, bar_other = BAR_PP2 - cw;
   const int row0 = 64 * cw + 16 * wq + g;  // this thread's item rows row0 and row0 + 8
   if (cw == 0) named_bar_arrive(BAR_PP1, 2 * NTP);  // consumer 0 goes first
@@ -373,6 +378,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
     if (item >= items) break;
     const IsTask t = task_of(item);
     const int slot = qn & 1;
+    const int qslot = qn % QS;
+    const unsigned qa = qa0 + qslot * Q_BYTES;
     mbar_wait(bar_keys(bars, slot), (qn >> 1) & 1);
     const int live = s_meta[slot][0];
     const bool hole = s_meta[slot][1] != 0;
@@ -505,7 +512,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
       }
     };
 
-    mbar_wait(bar_q(bars), qn & 1);
+    mbar_wait(bar_q(bars, qslot), (qn / QS) & 1);
     if (!active) {
       // Idle (the item has at most 64 heads): only the waits and releases of the loop.
       for (int it = 0; it < ntiles; ++it) {
@@ -515,7 +522,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         mbar_wait(bar_vfull(bars, st), (gi / NST) & 1);
         ws_release(bar_vempty(bars, st), lane);
       }
-      ws_release(bar_qempty(bars), lane);
+      ws_release(bar_qempty(bars, qslot), lane);
       ws_release(bar_keysempty(bars, slot), lane);
       gt += ntiles;
     } else {
@@ -531,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         wg_wait0();
         fence_regs(s);
         ws_release(bar_kempty(bars, st), lane);
-        if (ntiles == 1) ws_release(bar_qempty(bars), lane);  // the item's S GEMMs retired
+        if (ntiles == 1) ws_release(bar_qempty(bars, qslot), lane);  // the item's S GEMMs retired
         softmax(0);
         pack();
       }
@@ -555,7 +562,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         wg_wait1();  // S(t+1) retired; P(t) V(t) may still run
         fence_regs(s);
         ws_release(bar_kempty(bars, st1), lane);
-        if (it + 2 == ntiles) ws_release(bar_qempty(bars), lane);  // the last S retired
+        if (it + 2 == ntiles) ws_release(bar_qempty(bars, qslot), lane);  // the last S retired
         softmax(it + 1);
         wg_wait0();
 #pragma unroll
@@ -567,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
       // Q is released (the producer may load the next item's) once the item's last S GEMM
       // retired, above; an item without a tile releases it here. Every read of the keys
       // is done: their slot may take the item after next.
-      if (ntiles == 0) ws_release(bar_qempty(bars), lane);
+      if (ntiles == 0) ws_release(bar_qempty(bars, qslot), lane);
       ws_release(bar_keysempty(bars, slot), lane);
       if (ntiles > 0) {
         const int gl = gt + ntiles - 1, st = gl % NST;
@@ -622,10 +629,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         }
       }
     }
+#if !IS_Q2
     if (S > 1 && counters)
       is_finish_if_last_v4_by<2 * NTP, HD>(counters, t.task, S, part_o, part_ml, y, t.b, t.qi, Sq,
                                            N, t.h0, t.nh, &s_flag, s_w, ctid,
                                            [] { named_bar_sync(BAR_CONS, 2 * NTP); });
+#endif
   }
   (void)H;
   (void)lpk;
