@@ -347,11 +347,12 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     shared = g.index_heads == 1
     stages, per_sm, ws = 0, 1, 0
     if use_wg:
-        fits = -(-g.width // 2048) <= WS_MAX_SPLITS  # its split merge holds 8 partials
-        ws = int(knobs.get("ws", 1 if g.group > WS_MIN_GROUP and fits else 0))
+        # Knobs of the barrier-coupled build pin it; its split merge holds 8 partials.
+        other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
+        fits = -(-g.width // 2048) <= WS_MAX_SPLITS
+        ws = int(knobs.get("ws", 1 if g.group > WS_MIN_GROUP and fits and not other else 0))
         if ws not in (0, 1):
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
-        other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
         if ws and other:
             raise KernelError(f"{OP}: ws=1 (the warp-specialised build) takes only the knobs "
                               f"splits, merge, ctas and q2; got {other}")

@@ -905,6 +905,9 @@ def test_ws_plan_choice_grid_and_refusals():
     assert (p.grid, p.splits, p.merge, p.knobs["ctas"]) == (5, 3, "kernel", 5)
     assert plan(_geom(128, b=1, sq=4096), 132, True, None, False, knobs={"q2": 0},
                 wg_arch=True).knobs["q2"] == 0
+    # Knobs of the barrier-coupled build pin it.
+    assert plan(_geom(128), 132, True, None, False, knobs={"stages": 3},
+                wg_arch=True).knobs["ws"] == 0
     # More than 8 x 2048 columns, or 64 heads, keep the barrier-coupled build unless asked.
     assert plan(_geom(128, k=9 * 2048), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
     assert plan(_geom(64), 132, True, None, False, wg_arch=True).knobs["ws"] == 0

@@ -78,7 +78,8 @@ python3 -m nxrt.cli warm > "$OUT/warm.log" 2>&1 || echo "warning: nxrt warm fail
 # The subset: small shapes, one or more cases per kernel family (fused tensor-core and SIMT
 # attention, split-KV combine, unfused GEMM/softmax; MLA 64/32-key tiles, split-KV, simple
 # path, RoPE writes, slot -1; IndexShare SIMT and MMA paths, capacity frontier/scatter,
-# concat copies, split-K combine, device index validation with poisoned rows; out-of-range
+# concat copies, split-K combine, device index validation with poisoned rows, the
+# warp-specialised persistent wgmma build with one and two Q slots; out-of-range
 # block/slot/position ids that must latch instead of faulting).
 ATTN_K="(test_vs_reference and (q17k128D64 or q1k17D80 or q128k17D64 or q17k17D80 \
 or q128k1000D64)) \
@@ -89,13 +90,14 @@ or (test_decode_mla and bf16-half-rope) or test_slot_minus_one or test_attention
 or test_out_of_range_ids_latch or test_position_outside_rotary_table_latches"
 IS_K="(test_matches_reference and (f32-gqa-rank1 or f16-mha-hiN-rank2 or bf16-mma-wm1-rank4-cap \
 or f32-cap-hiN-k1 or bf16-odd-h72-rank3 or f16-narrow-h20 or f32-decode-splitk \
-or bf16-wg-h64-g96-cap)) or test_eager_rejects_bad_rows or test_capture_replay_and_poisoned_indices"
+or bf16-wg-h64-g96-cap or bf16-ws-g128-i64-rank4 or f16-ws-gqa2-g128-h64)) \
+or test_eager_rejects_bad_rows or test_capture_replay_and_poisoned_indices"
 # racecheck is the slowest (every shared-memory access is tracked): fewer cases.
 ATTN_K_RACE="(test_vs_reference and (q17k128D64 or q1k17D80)) or test_simt_fallback \
 or (test_split_kv and fused-4) or (test_wg_persistent and q128k1000D128)"
 PAGED_K_RACE="test_mla_32_key_tiles or (test_simple_odd_head and bf16) or test_slot_minus_one"
 IS_K_RACE="test_matches_reference and (f16-mha-hiN-rank2 or bf16-mma-wm1-rank4-cap \
-or f32-decode-splitk or f32-cap-hiN-k1 or bf16-wg-h64-g96-cap)"
+or f32-decode-splitk or f32-cap-hiN-k1 or bf16-wg-h64-g96-cap or f16-ws-gqa2-g128-h64)"
 
 run_tool() {
   local tool=$1 ak=$2 pk=$3 ik=$4 log="$OUT/$1.log" t0 rc
