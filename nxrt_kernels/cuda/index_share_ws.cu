@@ -67,6 +67,9 @@
 #include "wgmma.cuh"
 
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
+#ifndef IS_WS_SLACK
+#define IS_WS_SLACK 8.f  // lazy rescaling: P <= 2^8 (exact in f16/bf16, far from overflow)
+#endif
 
 static_assert(IS_DTYPE == 1 || IS_DTYPE == 2, "wgmma takes f16 or bf16");
 static_assert(IS_HD == 64 || IS_HD == 128, "IS_HD must be 64 or 128");
@@ -187,7 +190,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
   __shared__ int s_flag;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int wg = warp >> 2, wq = warp & 3;
+  // The warpgroup, broadcast from lane 0 so the compiler knows it is warp-uniform: the
+  // shared-memory addresses and wgmma descriptors derived from it then stay in uniform
+  // registers (no per-descriptor R2UR moves in the consumers' loop).
+  const int wg = __shfl_sync(IS_FULL, tid >> 7, 0), wq = warp & 3;
   const int g = lane >> 2, tq = lane & 3;
   const int Nkv = N / G;
   const int n_rounds = (items + (int)gridDim.x - 1) / (int)gridDim.x;
@@ -401,24 +407,26 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
     float l_run[2] = {0.f, 0.f};
     float corr[2] = {1.f, 1.f};
 
+    // Descriptors: one per operand base, then + (byte offset >> 4) per k-step (the address
+    // field is bits 0-13 of addr >> 4; shared addresses stay below 256 KiB, so no carry).
     auto issue_s = [&](int st) {
-      const unsigned sK = sbase + OFF_K + st * T_BYTES;
+      const unsigned long long dq = desc_sw128(qa, 16, 1024);
+      const unsigned long long dk = desc_sw128(sbase + OFF_K + st * T_BYTES, 16, 1024);
 #pragma unroll
       for (int ks = 0; ks < HD / 16; ++ks) {
         const unsigned qoff = (ks >> 2) * QBLK + (ks & 3) * 32;
         const unsigned koff = (ks >> 2) * TBLK + (ks & 3) * 32;
-        wg_ss128(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
-                 ks > 0 ? 1 : 0);
+        wg_ss128(s, dq + (qoff >> 4), dk + (koff >> 4), ks > 0 ? 1 : 0);
       }
     };
     auto issue_pv = [&](int st) {
-      const unsigned sV = sbase + OFF_V + st * T_BYTES;
+      const unsigned long long dv = desc_sw128(sbase + OFF_V + st * T_BYTES, TBLK, 1024);
 #pragma unroll
       for (int kk = 0; kk < KT / 16; ++kk) {
 #if IS_HD == 128
-        wg_rs128(o[0], o[1], pa[kk], desc_sw128(sV + kk * (16 * 128), TBLK, 1024));
+        wg_rs128(o[0], o[1], pa[kk], dv + (kk * 16 * 128 >> 4));
 #else
-        wg_rs(o[0], pa[kk], desc_sw128(sV + kk * (16 * 128), TBLK, 1024));
+        wg_rs(o[0], pa[kk], dv + (kk * 16 * 128 >> 4));
 #endif
       }
     };
@@ -471,10 +479,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
           if ((j & 3) == 3) asm volatile("" ::: "memory");
         }
       }
+      // Lazy rescaling: the reference maximum m_run moves only when a row's maximum
+      // exceeds it by more than IS_WS_SLACK (log2 units), so P = 2^(logit - m_run) stays
+      // below 2^IS_WS_SLACK and O needs its rescale (64 multiplies per thread, skipped
+      // when no row of the warp moved) on few tiles instead of most. O and l share the
+      // reference, so O / l is the same softmax.
       float muse[2];
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        const float mn = fmaxf(m_run[x], ws_quad_max(tmax[x]));
+        const float mt = ws_quad_max(tmax[x]);
+        const float mn = mt > m_run[x] + IS_WS_SLACK ? mt : m_run[x];  // -inf + c = -inf
         muse[x] = mn == is_neg_inf() ? 0.f : mn;
         corr[x] = exp2f(m_run[x] - muse[x]);
         m_run[x] = mn;

@@ -1,0 +1,165 @@
+"""The single place that unwraps ``(err, *values)`` tuples returned by cuda.bindings.
+
+Everything above this module sees plain values or :class:`~nxrt.errors.CudaError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cuda.bindings import driver, nvrtc
+
+from .errors import CudaError
+
+__all__ = ["check", "check_nvrtc", "driver", "nvrtc", "load_driver", "driver_missing_reason",
+           "fast_driver", "FastDriver"]
+
+_SUCCESS = driver.CUresult.CUDA_SUCCESS
+_NVRTC_SUCCESS = nvrtc.nvrtcResult.NVRTC_SUCCESS
+
+
+def _unwrap(values: tuple) -> Any:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return values
+
+
+def check(result: tuple, call: str) -> Any:
+    """Unwrap a driver result tuple; raise :class:`CudaError` on failure.
+
+    Returns ``None`` for calls with no outputs, the value for one output, else a tuple.
+    """
+    err = result[0]
+    if err != _SUCCESS:
+        raise _driver_error(err, call)
+    return _unwrap(result[1:])
+
+
+def _driver_error(err: Any, call: str) -> CudaError:
+    code = int(err)
+    name = getattr(err, "name", f"CUresult {code}")
+    detail = ""
+    try:
+        e2, text = driver.cuGetErrorString(err)
+        if e2 == _SUCCESS and text:
+            detail = text.decode() if isinstance(text, bytes) else str(text)
+    except Exception:  # pragma: no cover - the error string is a nicety
+        pass
+    return CudaError(code, name, call, detail)
+
+
+def check_nvrtc(result: tuple, call: str) -> Any:
+    """Unwrap an NVRTC result tuple; raise :class:`CudaError` on failure."""
+    err = result[0]
+    if err != _NVRTC_SUCCESS:
+        raise CudaError(int(err), getattr(err, "name", str(err)), call)
+    return _unwrap(result[1:])
+
+
+_driver_state: dict[str, Any] = {}
+
+
+def load_driver() -> None:
+    """``cuInit(0)`` once per process.
+
+    Raises
+    ------
+    CudaError
+        ``CUDA_ERROR_NO_DEVICE`` when there is no driver library or no device.
+    """
+    if _driver_state.get("ok"):
+        return
+    if "error" in _driver_state:
+        raise _driver_state["error"]
+    try:
+        result = driver.cuInit(0)
+    except Exception as exc:  # the driver library itself is absent (no GPU machine)
+        err = CudaError(int(driver.CUresult.CUDA_ERROR_NO_DEVICE), "CUDA_ERROR_NO_DEVICE",
+                        "cuInit(0)", f"no NVIDIA driver library could be loaded ({exc})")
+        _driver_state["error"] = err
+        raise err from None
+    try:
+        check(result, "cuInit(0)")
+    except CudaError as err:
+        _driver_state["error"] = err
+        raise
+    _driver_state["ok"] = True
+
+
+def driver_missing_reason() -> str | None:
+    """``None`` when a CUDA device is usable, else one sentence saying why not."""
+    try:
+        load_driver()
+        count = check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
+    except CudaError as err:
+        return f"no usable CUDA device: {err}"
+    if count == 0:
+        return "no usable CUDA device: the driver reports 0 devices"
+    return None
+
+
+class FastDriver:
+    """ctypes entry point of libcuda's ``cuLaunchKernelEx`` for the launch hot path.
+
+    ``cuda.bindings.driver.cuLaunchKernel`` converts eleven Python arguments per call; here a
+    launch is four pre-built ctypes objects (a cached ``CUlaunchConfig``, the kernel handle,
+    the parameter array, NULL), so the foreign call costs a fraction of a microsecond. The
+    GIL is released during the call (``hold_gil=True`` keeps it: slightly cheaper, but a
+    launch that blocks on a full queue would stall other Python threads). This class is the
+    only other place a ``CUresult`` is compared; it raises :class:`CudaError` like :func:`check`.
+    """
+
+    def __init__(self, hold_gil: bool = False) -> None:
+        import ctypes
+
+        class LaunchConfig(ctypes.Structure):
+            _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                        ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                        ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+        lib = (ctypes.PyDLL if hold_gil else ctypes.CDLL)("libcuda.so.1")
+        self._launch = lib.cuLaunchKernelEx
+        self._launch.restype = ctypes.c_int  # arguments arrive pre-wrapped: no argtypes
+        self._struct = LaunchConfig
+        self._byref = ctypes.byref
+
+    def config(self, grid: tuple, block: tuple, shared: int, stream: int) -> Any:
+        """A reusable ``CUlaunchConfig``: (struct, reference to pass to :attr:`launch_fn`)."""
+        cfg = self._struct((grid[0], grid[1], grid[2]), (block[0], block[1], block[2]),
+                           shared, stream, None, 0)
+        return cfg, self._byref(cfg)  # a byref object holds on to its struct
+
+    @property
+    def launch_address(self) -> int:
+        """The address of libcuda's ``cuLaunchKernelEx`` (for the compiled launch path)."""
+        import ctypes
+
+        return ctypes.cast(self._launch, ctypes.c_void_p).value or 0
+
+    @property
+    def launch_fn(self) -> Any:
+        """The raw foreign function ``(config_ref, kernel, params, None) -> CUresult int``."""
+        return self._launch
+
+    def raise_for(self, err: int, call: str) -> None:
+        """Raise the :class:`CudaError` for a nonzero result of :attr:`launch_fn`."""
+        raise _driver_error(driver.CUresult(err), call)
+
+    def launch(self, cfg_ref: Any, fn: Any, params: Any, what: Any) -> None:
+        """Launch ``fn`` (``c_void_p``) with ``params`` (``c_void_p`` or None)."""
+        err = self._launch(cfg_ref, fn, params, None)
+        if err:
+            raise _driver_error(driver.CUresult(err), what() if callable(what) else str(what))
+
+
+_fast: list[FastDriver] = []
+
+
+def fast_driver() -> FastDriver:
+    """The process's :class:`FastDriver` (after :func:`load_driver`)."""
+    if not _fast:
+        load_driver()
+        _fast.append(FastDriver())
+    return _fast[0]

@@ -1,0 +1,633 @@
+// IndexShare attention on Hopper, warp-specialised and persistent (sm_90a, f16/bf16, head
+// size 64 or 128, one shared index row): attention_wg.cu's schedule 6 with gathered keys.
+//
+// Same contract, arguments, task decode (is_decode_task_at), split partials and last-CTA
+// merge as is_attn_wg; the work is the same (task, split) items, but the grid is
+// min(items, SMs) CTAs and CTA c takes items c, c + gridDim.x, ... A work item is up to
+// 128 heads of one (batch, query, kv head) that share an index row (IS_MROWS = 128 rows of
+// the wgmma M dimension, two consumer warpgroups of 64) and one split of its columns, in
+// 128-key tiles: every gathered row is read once for all 128 heads.
+//
+// Why: the barrier-coupled is_attn_wg gathers with every thread between two __syncthreads,
+// so the copies, the index staging and the split merge stall the tensor cores. Here
+// (FA3's warp specialisation, as attention's schedule 6):
+//   WG0, the producer (setmaxnreg.dec to IS_PREG registers), per item:
+//     1. the item's index columns landed (cp.async, issued one item ahead into a two-slot
+//        raw buffer): it validates them (while capturing: the rules of is_stage_keys,
+//        latching IS_LATCH_BIT), clamps them into the item's key buffer (two slots) with the
+//        live length and "hole" flag, and arrives on the slot's "keys" mbarrier;
+//     2. K(0) of the item (it streams in while the consumers finish the previous item);
+//     3. Q, once the consumers released the previous item's Q ("Q empty", when its last
+//        S GEMM retired);
+//     4. the next item's index columns (cp.async, one commit group) and an L2 prefetch of
+//        its Q rows;
+//     5. K(it + 1), V(it) for every tile into NST-slot rings guarded by full/empty
+//        mbarriers (cp.async.mbarrier.arrive.noinc; rows by 16-byte cp.async from the keys).
+//   WG1, WG2, the consumers (setmaxnreg.inc to IS_CREG), 64 heads each: attention's loop
+//     (S(t+1) and P(t) V(t) issued back to back, softmax(t+1) under P(t) V(t)) and its
+//     ping-pong of the two warpgroups on named barriers 1 and 2. An item with at most 64
+//     heads leaves WG2 idle (it still waits and releases every slot) and skips the
+//     ping-pong. Then the item's rows (one split) or partials, and with several splits the
+//     last-arrival merge of is_finish_if_last_v4 over the 256 consumer threads (barrier 3).
+// Key slots: the producer stages item n's keys (slot n & 1) once the consumers released
+// the slot's previous item n - 2 ("keys empty", after their last softmax of it); one full
+// and one empty mbarrier per slot, so no barrier runs two phases ahead of a waiter.
+// Every item loads Q and has the Q empty cycle, even one without a key tile (a split past a
+// row's padding), so the producer's and the consumers' counts stay in step.
+//
+// Shared memory (from a 1024-byte aligned base; index_share._ws_smem mirrors it): Q as HB
+// blocks of [128][128 B] (128-byte swizzle), NST K slots, NST V slots (HB blocks of
+// [128 keys][128 B] each), 256 bytes of mbarriers, the merge weights [128][IS_WS_MAXS + 1]
+// floats, two key slots of cps ints, two raw index slots of 16 + 8 cps bytes.
+//
+// Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_NST (ring slots, 2-4: shared
+// memory allows 2 at IS_HD 128), IS_PREG / IS_CREG (setmaxnreg counts).
+#include "index_share_mma.cuh"
+
+#ifndef IS_HD
+#define IS_HD 128
+#endif
+#ifndef IS_NST
+#define IS_NST 2
+#endif
+#ifndef IS_PREG
+#define IS_PREG 56
+#endif
+#ifndef IS_CREG
+#define IS_CREG 224
+#endif
+#if IS_DTYPE == 1
+#define NXRT_WG_AB "f16.f16"
+#else
+#define NXRT_WG_AB "bf16.bf16"
+#endif
+#include "wgmma.cuh"
+
+#define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
+
+static_assert(IS_DTYPE == 1 || IS_DTYPE == 2, "wgmma takes f16 or bf16");
+static_assert(IS_HD == 64 || IS_HD == 128, "IS_HD must be 64 or 128");
+static_assert(IS_NST >= 2 && IS_NST <= 4, "two to four ring slots");
+
+namespace {
+
+constexpr int HD = IS_HD;
+constexpr int HB = HD / 64;          // 64-channel blocks per row
+constexpr int CH = HD / 8;           // 16-byte chunks per row
+constexpr int BM = 128;              // head rows per item
+constexpr int KT = 128;              // keys per tile
+constexpr int NS = KT / 2;           // S accumulators per thread (64 rows x 128 keys per WG)
+constexpr int NST = IS_NST;
+constexpr int NTP = 128;             // producer threads
+constexpr int NT = 3 * NTP;
+constexpr int QBLK = BM * 128;
+constexpr int TBLK = KT * 128;
+constexpr int Q_BYTES = HB * QBLK;
+constexpr int T_BYTES = HB * TBLK;
+constexpr int OFF_K = Q_BYTES;
+constexpr int OFF_V = OFF_K + NST * T_BYTES;
+constexpr int OFF_BAR = OFF_V + NST * T_BYTES;
+constexpr int OFF_W = OFF_BAR + 256;
+constexpr int OFF_KEY = OFF_W + BM * (IS_WS_MAXS + 1) * 4;
+constexpr int RSTEP = NTP / CH;      // rows one pass of the producer copies
+constexpr int RPT = KT / RSTEP;      // rows per producer thread per tile
+constexpr int EMPTY_ARRIVALS = 8;    // one per consumer warp
+constexpr int PREG = IS_PREG, CREG = IS_CREG;
+static_assert(PREG % 8 == 0 && CREG % 8 == 0 && PREG >= 24 && CREG <= 256,
+              "setmaxnreg counts: multiples of 8 in [24, 256]");
+static_assert(NTP * PREG + 2 * NTP * CREG <= 168 * NT, "register reallocation over budget");
+static_assert(RSTEP % 8 == 0, "a producer thread's rows share one swizzled chunk position");
+static_assert(OFF_KEY % 16 == 0 && QBLK % 1024 == 0 && TBLK % 1024 == 0, "alignment");
+static_assert(OFF_KEY <= 232448, "more than the 227 KiB of opt-in shared memory per block");
+
+// mbarriers: Q full, Q empty, keys full (2 slots), keys empty (2 slots), then per ring slot
+// K full, V full, K empty, V empty.
+__device__ __forceinline__ unsigned bar_q(unsigned b) { return b; }
+__device__ __forceinline__ unsigned bar_qempty(unsigned b) { return b + 8; }
+__device__ __forceinline__ unsigned bar_keys(unsigned b, int s) { return b + 8 * (2 + s); }
+__device__ __forceinline__ unsigned bar_keysempty(unsigned b, int s) { return b + 8 * (4 + s); }
+__device__ __forceinline__ unsigned bar_kfull(unsigned b, int s) { return b + 8 * (6 + s); }
+__device__ __forceinline__ unsigned bar_vfull(unsigned b, int s) { return b + 8 * (6 + NST + s); }
+__device__ __forceinline__ unsigned bar_kempty(unsigned b, int s) {
+  return b + 8 * (6 + 2 * NST + s);
+}
+__device__ __forceinline__ unsigned bar_vempty(unsigned b, int s) {
+  return b + 8 * (6 + 3 * NST + s);
+}
+static_assert(8 * (6 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
+
+constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
+constexpr int BAR_CONS = 3;              // the 256 consumer threads
+constexpr int BAR_PROD = 4;              // the 128 producer threads
+
+__device__ __forceinline__ unsigned ws_smem_u32(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// 4- or 8-byte cp.async (L1-allocating form: the only one for sizes below 16).
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async8(unsigned dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ float ws_quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(IS_FULL, v, 1));
+  return fmaxf(v, __shfl_xor_sync(IS_FULL, v, 2));
+}
+__device__ __forceinline__ float ws_quad_sum(float v) {
+  v += __shfl_xor_sync(IS_FULL, v, 1);
+  return v + __shfl_xor_sync(IS_FULL, v, 2);
+}
+__device__ __forceinline__ int ws_warp_min(int v) {
+  for (int off = 16; off > 0; off >>= 1) v = is_imin(v, __shfl_xor_sync(IS_FULL, v, off));
+  return v;
+}
+
+// One arrival per warp on an "empty" mbarrier (after the warp's reads of the slot).
+__device__ __forceinline__ void ws_release(unsigned bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // Keys and raw index slots follow the fixed layout; cps sizes them.
+  const int key_bytes = 2 * cps * 4;
+  const int raw_slot = 16 + 8 * cps;
+  {
+    unsigned dyn;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
+    // A short launch would write past the end; another block shape would hang the
+    // barriers; more splits than the merge weights hold would overrun them: return at once.
+    if ((long long)dyn < 1024LL + OFF_KEY + key_bytes + 2LL * raw_slot ||
+        blockDim.x != (unsigned)NT || blockDim.y != 1u || blockDim.z != 1u || S > IS_WS_MAXS)
+      return;
+  }
+  unsigned char* smem = smem_raw + ((1024u - (ws_smem_u32(smem_raw) & 1023u)) & 1023u);
+  const unsigned sbase = ws_smem_u32(smem);
+  const unsigned bars = sbase + OFF_BAR;
+  int* s_keys = reinterpret_cast<int*>(smem + OFF_KEY);            // [2][cps]
+  unsigned char* s_raw = smem + OFF_KEY + key_bytes;                 // [2][raw_slot]
+  float* s_w = reinterpret_cast<float*>(smem + OFF_W);
+  __shared__ int s_meta[2][2];  // per key slot: live length, hole (a -1 before it)
+  __shared__ int s_red[4][2];   // producer warps' live / first -1
+  __shared__ int s_flag;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wg = warp >> 2, wq = warp & 3;
+  const int g = lane >> 2, tq = lane & 3;
+  const int Nkv = N / G;
+  const int n_rounds = (items + (int)gridDim.x - 1) / (int)gridDim.x;
+  auto item_at = [&](int r) { return (int)blockIdx.x + r * (int)gridDim.x; };
+  auto task_of = [&](int item) {
+    return is_decode_task_at(item, Sq, G, U, HBK, shared_idx, S, BM);
+  };
+
+  if (tid == 0) {
+    mbar_init(bar_q(bars), NTP);
+    mbar_init(bar_qempty(bars), EMPTY_ARRIVALS);
+    mbar_init(bar_keys(bars, 0), NTP);
+    mbar_init(bar_keys(bars, 1), NTP);
+    mbar_init(bar_keysempty(bars, 0), EMPTY_ARRIVALS);
+    mbar_init(bar_keysempty(bars, 1), EMPTY_ARRIVALS);
+#pragma unroll
+    for (int s = 0; s < NST; ++s) {
+      mbar_init(bar_kfull(bars, s), NTP);
+      mbar_init(bar_vfull(bars, s), NTP);
+      mbar_init(bar_kempty(bars, s), EMPTY_ARRIVALS);
+      mbar_init(bar_vempty(bars, s), EMPTY_ARRIVALS);
+    }
+  }
+  __syncthreads();  // the last CTA-wide barrier
+
+  if (wg == 0) {
+    // ======== Producer.
+    setmaxnreg_dec<PREG>();
+    const int p = tid;
+    const int c = p % CH, r0 = p / CH;
+    // Index columns of `item` into raw slot `slot`: element i of the split at byte
+    // 16 + i * esz, the column before the split (the left neighbour the rules need) just
+    // below it. One commit group. `prefetch_q`: also the item's Q rows into L2.
+    auto fetch_index = [&](int item, int slot, bool prefetch_q) {
+      // Laundered: the compiler must not keep this decode live across the tile loop for
+      // the next iteration's (32 bytes of registers the producer does not have).
+      asm volatile("" : "+r"(item));
+      const IsTask t = task_of(item);
+      const int c_begin = t.s * cps;
+      const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+      const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K + c_begin;
+      const unsigned dst = ws_smem_u32(s_raw + slot * raw_slot) + 16;
+      for (int i = p - (c_begin > 0 ? 1 : 0); i < ncols; i += NTP) {
+        if (idx64)
+          cp_async8(dst + 8 * i, static_cast<const long long*>(idx) + irow + i);
+        else
+          cp_async4(dst + 4 * i, static_cast<const int*>(idx) + irow + i);
+      }
+      is_cp_async_commit();
+      if (prefetch_q && p < t.nh) {
+        const char* qrow = reinterpret_cast<const char*>(
+            q + ((t.b * N + t.h0 + p) * (long long)Sq + t.qi) * HD);
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(qrow));
+        if (HD * sizeof(is_t) > 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(qrow + 128));
+      }
+    };
+    int gt = 0, qn = 0;  // ring tiles and items issued so far
+    if (n_rounds > 0 && item_at(0) < items) fetch_index(item_at(0), 0, false);
+    for (int r = 0; r < n_rounds; ++r) {
+      const int item = item_at(r);
+      if (item >= items) break;
+      const IsTask t = task_of(item);
+      const int slot = qn & 1;
+      // 1. Keys: this item's raw columns landed for every producer thread, and the
+      // consumers are done with the key slot's previous item (n - 2).
+      is_cp_async_wait(0);
+      if (qn >= 2) mbar_wait(bar_keysempty(bars, slot), ((qn - 2) >> 1) & 1);
+      named_bar_sync(BAR_PROD, NTP);
+      const int c_begin = t.s * cps;
+      const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+      const int vbound = (latch && valid_len) ? valid_len[t.b] : bound;
+      const unsigned char* raw = s_raw + slot * raw_slot + 16;
+      int* keys = s_keys + slot * cps;
+      int live = 0, fneg = 1 << 30;
+      bool bad = false;
+      for (int i = p; i < ncols; i += NTP) {
+        const long long v = idx64 ? reinterpret_cast<const long long*>(raw)[i]
+                                  : (long long)reinterpret_cast<const int*>(raw)[i];
+        int key = -1;
+        if (v >= 0) {
+          key = v < (long long)bound ? (int)v : bound - 1;
+          live = i + 1;
+        } else {
+          fneg = is_imin(fneg, i);
+        }
+        keys[i] = key;
+        if (latch) {
+          const int col = c_begin + i;
+          long long prev = -1;
+          if (col > 0)
+            prev = idx64 ? reinterpret_cast<const long long*>(raw)[i - 1]
+                         : (long long)reinterpret_cast<const int*>(raw)[i - 1];
+          bad = bad || v < -1 || (col == 0 && v == -1) ||
+                (v != -1 && (v >= (long long)vbound || (col > 0 && (prev == -1 || v <= prev))));
+        }
+      }
+      // Pad to whole tiles (cps is a multiple of KT): the consumers read keys without a
+      // bound check.
+      for (int i = ncols + p; i < (ncols + KT - 1) / KT * KT; i += NTP) keys[i] = -1;
+      if (bad) atomicOr(latch, IS_LATCH_BIT);
+      live = is_warp_max(live);
+      fneg = ws_warp_min(fneg);
+      if (lane == 0) {
+        s_red[warp][0] = live;
+        s_red[warp][1] = fneg;
+      }
+      named_bar_sync(BAR_PROD, NTP);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        live = is_imax(live, s_red[w][0]);
+        fneg = is_imin(fneg, s_red[w][1]);
+      }
+      if (p == 0) {
+        s_meta[slot][0] = live;
+        s_meta[slot][1] = fneg < live ? 1 : 0;
+      }
+      mbar_arrive(bar_keys(bars, slot));  // release: the keys and s_meta above
+
+      // Rows: every producer thread copies chunk c of rows r0 + k RSTEP of a tile; sources
+      // from this thread's chunk of row 0 of each segment (segment 1 offset by -len0 rows).
+      const long long bh = t.b * Nkv + t.kvh;
+      const long long base0 = bh * (long long)len0, base1 = bh * (long long)len1 - len0;
+      const int ntiles = (live + KT - 1) / KT;
+      auto fill = [&](unsigned full, unsigned empty, int gi, unsigned ring, int tile,
+                      const is_t* p0, const is_t* p1, const is_t* zero) {
+        const int st = gi % NST, u = gi / NST;
+        if (u > 0) mbar_wait(empty + 8 * st, (u - 1) & 1);
+        const unsigned d = ring + st * T_BYTES + sw_off(r0, c, TBLK);
+        // Column col0 + k RSTEP, laundered so the compiler does not keep RPT column
+        // constants live across the loop (spills at IS_PREG registers).
+        int col0 = tile * KT + r0;
+        asm volatile("" : "+r"(col0));
+        int kj[RPT];
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) kj[k] = keys[col0 + k * RSTEP];  // -1 padded to tiles
+#pragma unroll
+        for (int k = 0; k < RPT; ++k) {
+          const bool ok = kj[k] >= 0;
+          const is_t* src = ok ? (kj[k] >= len0 ? p1 : p0) + (long long)kj[k] * HD : zero;
+          is_cp_async16_s(d + k * RSTEP * 128, src, ok ? 16 : 0);
+        }
+        cp_async_mbar_arrive(full + 8 * st);
+      };
+      const is_t* kp0 = k0 + base0 * HD + c * 8;
+      const is_t* kp1 = k1 + base1 * HD + c * 8;
+      const is_t* vp0 = v0 + base0 * HD + c * 8;
+      const is_t* vp1 = v1 + base1 * HD + c * 8;
+      // 2. K(0).
+      if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1, k0);
+      // 3. Q (rows past nh zero), once the consumers released the previous item's.
+      if (qn > 0) mbar_wait(bar_qempty(bars), (qn - 1) & 1);
+#pragma unroll 4
+      for (int kq = 0; kq < BM / RSTEP; ++kq) {
+        const int rr = r0 + kq * RSTEP;
+        const bool ok = rr < t.nh;
+        const is_t* src =
+            ok ? q + ((t.b * N + t.h0 + rr) * (long long)Sq + t.qi) * HD + c * 8 : q;
+        is_cp_async16_s(sbase + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
+      }
+      cp_async_mbar_arrive(bar_q(bars));
+      // 4. The next item's index columns, and its Q rows prefetched into L2 (its Q load
+      // waits for this item's Q to be released: from L2 it lands sooner).
+      if (r + 1 < n_rounds && item_at(r + 1) < items) fetch_index(item_at(r + 1), slot ^ 1, false);
+      // 5. K(it + 1), V(it).
+      for (int it = 0; it < ntiles; ++it) {
+        if (it + 1 < ntiles)
+          fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt + it + 1, sbase + OFF_K, it + 1, kp0,
+               kp1, k0);
+        fill(bar_vfull(bars, 0), bar_vempty(bars, 0), gt + it, sbase + OFF_V, it, vp0, vp1, v0);
+      }
+      gt += ntiles;
+      ++qn;
+    }
+    // Stay until every copy has landed (and so has arrived on its barrier).
+    is_cp_async_commit();
+    is_cp_async_wait(0);
+    return;
+  }
+
+  // ======== Consumers: warpgroup cw = wg - 1 owns item rows 64 cw .. 64 cw + 63.
+  setmaxnreg_inc<CREG>();
+  const int cw = wg - 1;
+  const int ctid = tid - NTP;
+  const unsigned qa = sbase + 64 * cw * 128;
+  const int bar_mine = BAR_PP1 + cw, bar_other = BAR_PP2 - cw;
+  const int row0 = 64 * cw + 16 * wq + g;  // this thread's item rows row0 and row0 + 8
+  if (cw == 0) named_bar_arrive(BAR_PP1, 2 * NTP);  // consumer 0 goes first
+  int gt = 0, qn = 0;
+
+  for (int r = 0; r < n_rounds; ++r) {
+    const int item = item_at(r);
+    if (item >= items) break;
+    const IsTask t = task_of(item);
+    const int slot = qn & 1;
+    mbar_wait(bar_keys(bars, slot), (qn >> 1) & 1);
+    const int live = s_meta[slot][0];
+    const bool hole = s_meta[slot][1] != 0;
+    const int* keys = s_keys + slot * cps;
+    const int ntiles = (live + KT - 1) / KT;
+    const bool active = 64 * cw < t.nh;   // this warpgroup has heads in the item
+    const bool pp = t.nh > 64;            // both have: ping-pong
+
+    float o[HB][32];
+#pragma unroll
+    for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
+    float s[NS];
+#pragma unroll
+    for (int i = 0; i < NS; ++i) s[i] = 0.f;
+    unsigned pa[KT / 16][4];
+    float m_run[2] = {is_neg_inf(), is_neg_inf()};  // log2 domain
+    float l_run[2] = {0.f, 0.f};
+    float corr[2] = {1.f, 1.f};
+
+    auto issue_s = [&](int st) {
+      const unsigned sK = sbase + OFF_K + st * T_BYTES;
+#pragma unroll
+      for (int ks = 0; ks < HD / 16; ++ks) {
+        const unsigned qoff = (ks >> 2) * QBLK + (ks & 3) * 32;
+        const unsigned koff = (ks >> 2) * TBLK + (ks & 3) * 32;
+        wg_ss128(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
+                 ks > 0 ? 1 : 0);
+      }
+    };
+    auto issue_pv = [&](int st) {
+      const unsigned sV = sbase + OFF_V + st * T_BYTES;
+#pragma unroll
+      for (int kk = 0; kk < KT / 16; ++kk) {
+#if IS_HD == 128
+        wg_rs128(o[0], o[1], pa[kk], desc_sw128(sV + kk * (16 * 128), TBLK, 1024));
+#else
+        wg_rs(o[0], pa[kk], desc_sw128(sV + kk * (16 * 128), TBLK, 1024));
+#endif
+      }
+    };
+    // Online softmax of tile `tile` in place (is_attn_wg's arithmetic over 128 keys): raw
+    // scores become P = 2^(logit - m); m_run, l_run advance; corr is O's factor.
+    // s[4 j + e] is column 128 tile + 8 j + 2 tq + (e & 1) of row x = e >> 1.
+    auto softmax = [&](int tile) {
+      const int kc = tile * KT;
+      float tmax[2] = {is_neg_inf(), is_neg_inf()};
+      const bool raw = !has_bias && (tile + 1) * KT <= live && !hole;
+      if (raw) {
+        float t2[2][2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) t2[x][0] = t2[x][1] = is_neg_inf();
+#pragma unroll
+        for (int i = 0; i < NS; ++i) {
+          const int x = (i >> 1) & 1, qq = (i >> 2) & 1;
+          t2[x][qq] = fmaxf(t2[x][qq], s[i]);
+        }
+#pragma unroll
+        for (int x = 0; x < 2; ++x) tmax[x] = __fmul_rn(fmaxf(t2[x][0], t2[x][1]), scale_log2);
+      } else {
+        // Branch-free: a masked column (key -1; the producer pads the key slot with -1 to
+        // whole tiles) scores -inf. The thread's two rows share its column pairs: one int2
+        // of keys per 8-column block j, loads capped at 4 in flight by memory clobbers (so
+        // the compiler cannot hoist all of them into registers). With a bias, the thread's
+        // two bias rows (a row past nh reads row 0: dropped), laundered likewise.
+        const is_t* brow[2] = {nullptr, nullptr};
+        if (has_bias) {
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            const int row = row0 + 8 * x < t.nh ? row0 + 8 * x : 0;
+            brow[x] = bias + t.b * bsb + (long long)(t.h0 + row) * bsh + (long long)t.qi * bsq;
+            asm volatile("" : "+l"(brow[x]));
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < NS / 4; ++j) {
+          const int2 kp = *reinterpret_cast<const int2*>(keys + kc + 8 * j + 2 * tq);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = 4 * j + e, x = e >> 1;
+            const int key = (e & 1) ? kp.y : kp.x;
+            float v = __fmul_rn(s[i], scale_log2);
+            if (has_bias)
+              v = __fmaf_rn(is_to_f32(brow[x][(long long)(key > 0 ? key : 0) * bsk]), IS_LOG2E, v);
+            s[i] = key >= 0 ? v : is_neg_inf();
+            tmax[x] = fmaxf(tmax[x], s[i]);
+          }
+          if ((j & 3) == 3) asm volatile("" ::: "memory");
+        }
+      }
+      float muse[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const float mn = fmaxf(m_run[x], ws_quad_max(tmax[x]));
+        muse[x] = mn == is_neg_inf() ? 0.f : mn;
+        corr[x] = exp2f(m_run[x] - muse[x]);
+        m_run[x] = mn;
+        l_run[x] = __fmul_rn(l_run[x], corr[x]);
+      }
+      const float kk = raw ? scale_log2 : 1.f;
+      float l2[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+      for (int i = 0; i < NS; ++i) {
+        const int x = (i >> 1) & 1, qq = (i >> 2) & 1;
+        s[i] = ex2_ftz(__fmaf_rn(s[i], kk, -muse[x]));
+        l2[x][qq] = __fadd_rn(l2[x][qq], s[i]);
+      }
+#pragma unroll
+      for (int x = 0; x < 2; ++x) l_run[x] = __fadd_rn(l_run[x], __fadd_rn(l2[x][0], l2[x][1]));
+    };
+    auto pack = [&]() {
+#pragma unroll
+      for (int j = 0; j < KT / 8; ++j) {
+        pa[j >> 1][2 * (j & 1) + 0] = is_pack2(s[4 * j + 0], s[4 * j + 1]);
+        pa[j >> 1][2 * (j & 1) + 1] = is_pack2(s[4 * j + 2], s[4 * j + 3]);
+      }
+    };
+    auto rescale = [&]() {
+      if (__any_sync(IS_FULL, corr[0] != 1.f || corr[1] != 1.f)) {
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            o[qb][4 * j + 0] *= corr[0];
+            o[qb][4 * j + 1] *= corr[0];
+            o[qb][4 * j + 2] *= corr[1];
+            o[qb][4 * j + 3] *= corr[1];
+          }
+      }
+    };
+
+    mbar_wait(bar_q(bars), qn & 1);
+    if (!active) {
+      // Idle (the item has at most 64 heads): only the waits and releases of the loop.
+      for (int it = 0; it < ntiles; ++it) {
+        const int gi = gt + it, st = gi % NST;
+        mbar_wait(bar_kfull(bars, st), (gi / NST) & 1);
+        ws_release(bar_kempty(bars, st), lane);
+        mbar_wait(bar_vfull(bars, st), (gi / NST) & 1);
+        ws_release(bar_vempty(bars, st), lane);
+      }
+      ws_release(bar_qempty(bars), lane);
+      ws_release(bar_keysempty(bars, slot), lane);
+      gt += ntiles;
+    } else {
+      if (ntiles > 0) {
+        const int st = gt % NST;
+        mbar_wait(bar_kfull(bars, st), (gt / NST) & 1);
+        fence_proxy_async();  // the landed cp.async bytes (Q too), visible to wgmma
+        if (pp) named_bar_sync(bar_mine, 2 * NTP);
+        wg_fence();
+        issue_s(st);
+        wg_commit();
+        if (pp) named_bar_arrive(bar_other, 2 * NTP);
+        wg_wait0();
+        fence_regs(s);
+        ws_release(bar_kempty(bars, st), lane);
+        if (ntiles == 1) ws_release(bar_qempty(bars), lane);  // the item's S GEMMs retired
+        softmax(0);
+        pack();
+      }
+      for (int it = 0; it + 1 < ntiles; ++it) {
+        const int g0 = gt + it, g1 = g0 + 1;
+        const int st0 = g0 % NST, st1 = g1 % NST;
+        mbar_wait(bar_kfull(bars, st1), (g1 / NST) & 1);
+        mbar_wait(bar_vfull(bars, st0), (g0 / NST) & 1);
+        fence_proxy_async();
+        if (pp) named_bar_sync(bar_mine, 2 * NTP);
+        wg_fence();
+        issue_s(st1);
+        wg_commit();
+        rescale();  // O is no wgmma's accumulator now: P(t-1) V(t-1) retired
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        wg_fence();
+        issue_pv(st0);
+        wg_commit();
+        if (pp) named_bar_arrive(bar_other, 2 * NTP);
+        wg_wait1();  // S(t+1) retired; P(t) V(t) may still run
+        fence_regs(s);
+        ws_release(bar_kempty(bars, st1), lane);
+        if (it + 2 == ntiles) ws_release(bar_qempty(bars), lane);  // the last S retired
+        softmax(it + 1);
+        wg_wait0();
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        fence_regs(s);
+        ws_release(bar_vempty(bars, st0), lane);
+        pack();
+      }
+      // Q is released (the producer may load the next item's) once the item's last S GEMM
+      // retired, above; an item without a tile releases it here. Every read of the keys
+      // is done: their slot may take the item after next.
+      if (ntiles == 0) ws_release(bar_qempty(bars), lane);
+      ws_release(bar_keysempty(bars, slot), lane);
+      if (ntiles > 0) {
+        const int gl = gt + ntiles - 1, st = gl % NST;
+        mbar_wait(bar_vfull(bars, st), (gl / NST) & 1);
+        fence_proxy_async();
+        rescale();
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        wg_fence();
+        issue_pv(st);
+        wg_commit();
+        wg_wait0();
+#pragma unroll
+        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        ws_release(bar_vempty(bars, st), lane);
+        gt += ntiles;
+      }
+    }
+    ++qn;
+
+    // ---- The item's rows (one split) or partials (is_attn_wg's stores).
+    if (active) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int row = row0 + 8 * x;
+        const float L = ws_quad_sum(l_run[x]);
+        if (row >= t.nh) continue;
+        if (S == 1) {
+          // One reciprocal per row (a divide per element cost ~15 % of the consumers'
+          // instructions per item); a row that saw no key (L = 0, O = 0) gives zeros.
+          const float inv = L > 0.f ? 1.f / L : 0.f;
+          is_t* yr = y + ((t.b * N + t.h0 + row) * (long long)Sq + t.qi) * HD + 2 * tq;
+#pragma unroll
+          for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              *reinterpret_cast<unsigned*>(yr + 64 * qb + 8 * j) =
+                  is_pack2(o[qb][4 * j + 2 * x] * inv, o[qb][4 * j + 2 * x + 1] * inv);
+        } else {
+          const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + row, S, t.s);
+          float* po = part_o + prow * HD + 2 * tq;
+#pragma unroll
+          for (int qb = 0; qb < HB; ++qb)
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+              *reinterpret_cast<float2*>(po + 64 * qb + 8 * j) =
+                  make_float2(o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
+          if (tq == 0) {
+            part_ml[prow * 2] = m_run[x];
+            part_ml[prow * 2 + 1] = L;
+          }
+        }
+      }
+    }
+    if (S > 1 && counters)
+      is_finish_if_last_v4_by<2 * NTP, HD>(counters, t.task, S, part_o, part_ml, y, t.b, t.qi, Sq,
+                                           N, t.h0, t.nh, &s_flag, s_w, ctid,
+                                           [] { named_bar_sync(BAR_CONS, 2 * NTP); });
+  }
+  (void)H;
+  (void)lpk;
+  (void)stages;
+}

@@ -1,0 +1,406 @@
+// PagedAttention (LATENT / MLA) read phase with Hopper warpgroup MMA (wgmma): sm_90a only.
+//
+// Same contract, grid and workspace as paged_mla_fwd (paged_mla.cu): grid (row blocks, splits),
+// a CTA owns M = 64 (token, head) rows of one sequence and one split of its key range; the
+// partials it writes are merged by paged_mla_combine of paged_mla.cu. Defines: PA_BF16,
+// PA_HS / PA_VHS (576 / 512). Tiles are BN = 64 keys.
+//
+// 256 threads = two warpgroups (WG). Shared memory holds Q (64 x 576) and two stages of the
+// 64 x 576 latent tile, all in the wgmma "128-byte swizzle" layout: 64-channel blocks of
+// [rows][128 bytes], 16-byte chunk c of row r stored at chunk c ^ (r & 7), blocks 1024-byte
+// aligned. The same bytes are read K-major (Q and K for S = Q K^T) and N-major (V for P V).
+// Per tile:
+//   WG1:  cp.async of the next tile into the other stage (issued after barrier A);
+//   WG0:  S = Q K^T as 36 wgmma m64n64k16 (A = Q, B = K, both from shared memory); mask,
+//         online softmax in the log2 domain (a warp owns 16 whole rows: quad shuffles only);
+//         P (bf16/f16) kept in registers as the A operand and stored to shared memory; the
+//         row rescale factors to shared memory;
+//   barrier B;
+//   WG0/WG1: O[:, 256 wg + (0..255)] = O * corr + P V as 16 wgmma m64n64k16 with A = P from
+//         registers (WG1 loads it with ldmatrix) and B = V (the tile's leading 512 channels).
+// WG0 owns the softmax state; WG1 only rescales. O is 64 x 256 f32 per WG = 128 registers.
+#include "paged_common.cuh"
+
+#ifndef PA_BF16
+#define PA_BF16 1
+#endif
+#ifndef PA_HS
+#define PA_HS 576
+#endif
+#ifndef PA_VHS
+#define PA_VHS 512
+#endif
+
+#if PA_BF16
+typedef __nv_bfloat16 elem_t;
+#define NXRT_WG_AB "bf16.bf16"
+#else
+typedef __half elem_t;
+#define NXRT_WG_AB "f16.f16"
+#endif
+
+namespace {
+
+constexpr int HS = PA_HS;
+constexpr int VHS = PA_VHS;
+constexpr int BN = 64;          // keys per tile
+constexpr int M = 64;           // query rows per CTA (the wgmma M)
+constexpr int NTHREADS = 256;   // two warpgroups
+constexpr int HB = HS / 64;     // 64-channel blocks per latent row
+constexpr int VBW = VHS / 128;  // 64-column blocks of O per warpgroup
+constexpr int HC = HS / 8;      // 16-byte chunks per latent row
+constexpr int LOADERS = 128;             // WG1 loads the tiles (it is idle while WG0 does S)
+constexpr int LOAD_ROWS = LOADERS / 8;   // tile rows loaded per pass (8 threads per row)
+constexpr int NPASS = BN / LOAD_ROWS;
+
+static_assert(HS % 64 == 0, "latent width must be a multiple of 64 (128-byte swizzle rows)");
+static_assert(VHS % 128 == 0 && VHS <= HS, "value width must be a multiple of 128 (two WGs)");
+
+// Shared memory layout (bytes from a 1024-aligned base); paged_attention.py mirrors
+// SMEM_BYTES in mla_wg_smem_bytes().
+constexpr int QBLK = M * 128;            // one 64-channel block of Q
+constexpr int TBLK = BN * 128;           // one 64-channel block of a tile
+constexpr int Q_BYTES = HB * QBLK;
+constexpr int T_BYTES = HB * TBLK;       // one stage
+constexpr int OFF_KV = Q_BYTES;
+constexpr int OFF_P = OFF_KV + 2 * T_BYTES;   // [M][BN] P, swizzled 128-byte rows
+constexpr int OFF_CORR = OFF_P + M * BN * 2;  // float[M] per-tile row rescale
+constexpr int OFF_L = OFF_CORR + M * 4;       // float[M] final row sums
+constexpr int OFF_ROW = OFF_L + M * 4;        // int[3][M] rows: last key, first key, out row
+constexpr int OFF_VALID = OFF_ROW + 3 * M * 4;  // uchar[2][BN]
+constexpr int OFF_MISC = OFF_VALID + 2 * BN;    // int[8]
+constexpr int SMEM_USED = OFF_MISC + 32;
+constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
+static_assert(OFF_KV % 1024 == 0 && OFF_P % 1024 == 0 && T_BYTES % 1024 == 0,
+              "swizzle atoms must be 1024-byte aligned");
+
+#include "wgmma.cuh"
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ key_cache,
+                 const elem_t* __restrict__ cos_c, const elem_t* __restrict__ sin_c,
+                 const int* __restrict__ cu, const int* __restrict__ past,
+                 const int* __restrict__ block_table, elem_t* __restrict__ out,
+                 float* __restrict__ ws_o, float* __restrict__ ws_lse,
+                 unsigned* __restrict__ latch, int n_tokens, int H, int B, int num_blocks,
+                 int block_size, int max_blocks, int rd, int off, int max_pos, int interleaved,
+                 int do_rotary, float scale, float softcap, int window, int num_splits) {
+  typedef pa::Num<elem_t> N;
+  // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // A launch with less dynamic shared memory than this layout would write past the end.
+  if (pa::dynamic_smem_bytes() < (unsigned)SMEM_BYTES) return;
+  // The 128-byte swizzle pattern repeats every 1024 bytes; wgmma descriptors assume atoms
+  // start on such a boundary (base_offset 0), so round the base up (SMEM_BYTES has the slack).
+  unsigned char* smem = smem_raw + ((1024u - (pa::smem_u32(smem_raw) & 1023u)) & 1023u);
+  const unsigned sbase = pa::smem_u32(smem);  // 1024-aligned
+  unsigned char* sQ = smem;
+  unsigned char* sKV = smem + OFF_KV;
+  unsigned char* sP = smem + OFF_P;
+  float* sCorr = reinterpret_cast<float*>(smem + OFF_CORR);
+  float* sL = reinterpret_cast<float*>(smem + OFF_L);
+  int* sRowP = reinterpret_cast<int*>(smem + OFF_ROW);
+  int* sRowLo = sRowP + M;
+  int* sRowOut = sRowLo + M;
+  unsigned char* sValid = smem + OFF_VALID;
+  int* sMisc = reinterpret_cast<int*>(smem + OFF_MISC);
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp within it
+  const int g = lane >> 2, tq = lane & 3;
+  const int x = blockIdx.x;
+  const int split = blockIdx.y;
+
+  int key_lo, key_hi;
+  const int b = pa::mla_rows<M>(cu, past, latch, n_tokens, H, B, x, max_blocks, block_size,
+                                max_pos, do_rotary, window, sMisc, sRowP, sRowLo, sRowOut,
+                                key_lo, key_hi);
+  if (b < 0) return;  // surplus CTA (uniform)
+  int tile_begin, n_tiles;
+  pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
+
+  // This thread's two rows in the wgmma accumulator layout (the same in both warpgroups):
+  // warp wq of a WG owns rows 16 wq .. 16 wq + 15; hf = 0: row g, hf = 1: row g + 8.
+  int my_p[2], my_lo[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    my_p[hf] = sRowP[16 * wq + g + 8 * hf];
+    my_lo[hf] = sRowLo[16 * wq + g + 8 * hf];
+  }
+
+  // O[:, 256 wg + 64 q + 8 j + 2 tq + (e & 1)] of row (16 wq + g + 8 (e >> 1)) is o[q][4 j + e].
+  float o[VBW][32];
+#pragma unroll
+  for (int q = 0; q < VBW; ++q)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[q][i] = 0.0f;
+  float m_run[2] = {PA_NEG_INF, PA_NEG_INF}, l_run[2] = {0.0f, 0.0f};  // WG0 only
+
+  const int* bt_row = block_table + (long long)b * max_blocks;
+  // Loader threads (WG1): 8 per tile row, NPASS rows each.
+  const int ld_row = (tid - LOADERS) >> 3, ld_chunk = tid & 7;
+  const bool loader = wg == 1;
+  int pf_phys[NPASS];
+  bool pf_need[NPASS];
+  // Block-table lookup for the rows this thread loads in tile `tile` (used one tile later,
+  // so the global load latency overlaps the current tile's math).
+  auto prefetch = [&](int tile) {
+#pragma unroll
+    for (int ps = 0; ps < NPASS; ++ps) {
+      const int j = tile * BN + ld_row + ps * LOAD_ROWS;
+      pf_need[ps] = j >= key_lo && j <= key_hi;
+      const int blk = j / block_size;
+      pf_phys[ps] = (pf_need[ps] && blk < max_blocks) ? bt_row[blk] : -1;
+    }
+  };
+  auto issue = [&](int tile, int stage) {
+    unsigned char* dst_base = sKV + stage * T_BYTES;
+#pragma unroll
+    for (int ps = 0; ps < NPASS; ++ps) {
+      const int r = ld_row + ps * LOAD_ROWS;
+      const int j = tile * BN + r;
+      const int phys = pf_phys[ps];
+      const bool ok = pf_need[ps] && phys >= 0 && phys < num_blocks;
+      if (pf_need[ps] && !ok && ld_chunk == 0) atomicOr(latch, PA_LATCH_BLOCK);
+      const elem_t* src_row =
+          ok ? key_cache + ((long long)phys * block_size + (j & (block_size - 1))) * HS : key_cache;
+#pragma unroll
+      for (int k = 0; k < HC / 8; ++k) {
+        const int c = ld_chunk + 8 * k;
+        // Rows not needed or not resolvable are zero-filled (finite V) and masked below.
+        pa::cp_async16(pa::smem_u32(dst_base + sw_off(r, c, TBLK)), src_row + (ok ? c * 8 : 0),
+                       ok ? 16 : 0);
+      }
+      if (ld_chunk == 0) sValid[stage * BN + r] = ok ? 1 : 0;
+    }
+  };
+
+  if (n_tiles > 0) {
+    // Prologue: Q rows (zero for rows past the sequence) and tile 0, one group.
+    for (int idx = tid; idx < M * HC; idx += NTHREADS) {
+      const int r = idx / HC, c = idx - r * HC;
+      const int orow = sRowOut[r];
+      const bool ok = orow >= 0;
+      pa::cp_async16(pa::smem_u32(sQ + sw_off(r, c, QBLK)),
+                     ok ? query + (long long)orow * HS + c * 8 : query, ok ? 16 : 0);
+    }
+    if (loader) {
+      prefetch(tile_begin);
+      issue(tile_begin, 0);
+    }
+    pa::cp_async_commit();
+    if (loader && n_tiles > 1) prefetch(tile_begin + 1);
+  }
+
+  const float sl2 = scale * PA_LOG2E;
+  const unsigned sP_u32 = sbase + OFF_P;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1;
+    pa::cp_async_wait_all();
+    fence_proxy_async();
+    // [A] Tile `it` (and at it == 0 the Q rows) landed and is visible to wgmma; both WGs
+    // finished tile it-1 (their wgmma groups were waited on), so its stage may be refilled.
+    __syncthreads();
+    if (it == 0 && do_rotary) {
+      // Partial RoPE on the query rows in place (each pair belongs to one thread).
+      const int half = rd >> 1;
+      for (int idx = tid; idx < M * half; idx += NTHREADS) {
+        const int r = idx / half, i = idx - r * half;
+        const int p = sRowP[r];
+        if (p < 0) continue;
+        const int d1 = interleaved ? off + 2 * i : off + i;
+        const int d2 = interleaved ? d1 + 1 : d1 + half;
+        elem_t* e1 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d1 >> 3, QBLK)) + (d1 & 7);
+        elem_t* e2 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d2 >> 3, QBLK)) + (d2 & 7);
+        const float cs = N::to_f(cos_c[(long long)p * half + i]);
+        const float sn = N::to_f(sin_c[(long long)p * half + i]);
+        const float x1 = N::to_f(*e1), x2 = N::to_f(*e2);
+        *e1 = N::from_f(x1 * cs - x2 * sn);
+        *e2 = N::from_f(x2 * cs + x1 * sn);
+      }
+      fence_proxy_async();
+      __syncthreads();
+    }
+    if (loader && it + 1 < n_tiles) {
+      issue(tile_begin + it + 1, stage ^ 1);
+      pa::cp_async_commit();
+      if (it + 2 < n_tiles) prefetch(tile_begin + it + 2);
+    }
+    const unsigned sK = sbase + OFF_KV + stage * T_BYTES;
+    unsigned pa_frag[4][4];  // P as the A operand of P V: k-step kk covers keys 16 kk .. +15
+
+    if (wg == 0) {
+      // ---- S = Q K^T (64 x 64), K = HS in 16-channel steps: 4 steps per 128-byte row.
+      float s[32];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+      fence_regs(s);
+      wg_fence();
+#pragma unroll
+      for (int ks = 0; ks < HS / 16; ++ks) {
+        const unsigned koff = (ks >> 2) * QBLK + (ks & 3) * 32;
+        const unsigned toff = (ks >> 2) * TBLK + (ks & 3) * 32;
+        wg_ss(s, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
+              ks > 0 ? 1 : 0);
+      }
+      wg_commit();
+      wg_wait0();
+      fence_regs(s);
+
+      // ---- Scale, softcap, mask; row maxima (a quad holds a whole row's 64 keys).
+      const int key0 = (tile_begin + it) * BN;
+      float mx[2] = {PA_NEG_INF, PA_NEG_INF};
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hf = e >> 1;
+          const int kl = 8 * j + 2 * tq + (e & 1);
+          const int jj = key0 + kl;
+          const bool ok = sValid[stage * BN + kl] && jj >= my_lo[hf] && jj <= my_p[hf];
+          float v;
+          if (softcap > 0.0f) {
+            v = softcap * tanhf(s[4 * j + e] * scale / softcap) * PA_LOG2E;
+          } else {
+            v = s[4 * j + e] * sl2;
+          }
+          v = ok ? v : PA_NEG_INF;
+          s[4 * j + e] = v;
+          mx[hf] = fmaxf(mx[hf], v);
+        }
+      float corr[2], m_use[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        float v = mx[hf];
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+        const float m_new = fmaxf(m_run[hf], v);
+        // A row with no key yet keeps m = -inf; use 0 so no (-inf) - (-inf) appears.
+        m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
+        corr[hf] = exp2f(m_run[hf] - m_use[hf]);
+        m_run[hf] = m_new;
+      }
+      // ---- P = 2^(s - m): A fragments (row g: regs 0/2, row g+8: regs 1/3) and shared memory.
+      float rs[2] = {0.0f, 0.0f};
+      const int r0 = 16 * wq + g;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float p0 = exp2f(s[4 * j + 0] - m_use[0]);
+        const float p1 = exp2f(s[4 * j + 1] - m_use[0]);
+        const float p2 = exp2f(s[4 * j + 2] - m_use[1]);
+        const float p3 = exp2f(s[4 * j + 3] - m_use[1]);
+        rs[0] += p0 + p1;
+        rs[1] += p2 + p3;
+        const unsigned lo = N::pack2(p0, p1), hi = N::pack2(p2, p3);
+        pa_frag[j >> 1][2 * (j & 1) + 0] = lo;
+        pa_frag[j >> 1][2 * (j & 1) + 1] = hi;
+        *reinterpret_cast<unsigned*>(sP + r0 * 128 + ((j ^ (r0 & 7)) << 4) + 4 * tq) = lo;
+        *reinterpret_cast<unsigned*>(sP + (r0 + 8) * 128 + ((j ^ ((r0 + 8) & 7)) << 4) + 4 * tq) =
+            hi;
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * corr[hf] + rs[hf];
+      if (tq == 0) {
+        sCorr[r0] = corr[0];
+        sCorr[r0 + 8] = corr[1];
+      }
+#pragma unroll
+      for (int q = 0; q < VBW; ++q)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[q][4 * j + 0] *= corr[0];
+          o[q][4 * j + 1] *= corr[0];
+          o[q][4 * j + 2] *= corr[1];
+          o[q][4 * j + 3] *= corr[1];
+        }
+    }
+    __syncthreads();  // [B] P and the row rescale factors are in shared memory
+    if (wg == 1) {
+      const int r0 = 16 * wq + g;
+      const float c0 = sCorr[r0], c1 = sCorr[r0 + 8];
+#pragma unroll
+      for (int q = 0; q < VBW; ++q)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[q][4 * j + 0] *= c0;
+          o[q][4 * j + 1] *= c0;
+          o[q][4 * j + 2] *= c1;
+          o[q][4 * j + 3] *= c1;
+        }
+      // ldmatrix x4: matrices (rows 0-7 | 8-15) x (keys 16kk + 0-7 | 8-15) of this warp's 16
+      // rows, in the order of the A fragment (a0: rows 0-7 keys lo, a1: rows 8-15 keys lo,
+      // a2: rows 0-7 keys hi, a3: rows 8-15 keys hi).
+      const int pr = 16 * wq + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int c = 2 * kk + (lane >> 4);
+        pa::ldsm_x4(pa_frag[kk], sP_u32 + pr * 128 + ((c ^ (pr & 7)) << 4));
+      }
+    }
+    // ---- O[:, this WG's 256 columns] += P V; V = the tile's channels, N-major.
+#pragma unroll
+    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int q = 0; q < VBW; ++q) {
+        const unsigned voff = (wg * VBW + q) * TBLK + kk * (16 * 128);
+        wg_rs(o[q], pa_frag[kk], desc_sw128(sK + voff, TBLK, 1024));
+      }
+    wg_commit();
+    wg_wait0();
+#pragma unroll
+    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+  }
+  pa::cp_async_wait_all();
+
+  // ---- Epilogue: WG0 publishes the row sums (and the split's log2-sum-exp), both write O.
+  if (wg == 0) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float v = l_run[hf];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      const int r = 16 * wq + g + 8 * hf;
+      if (tq == 0) {
+        sL[r] = v;
+        const int orow = sRowOut[r];
+        if (num_splits > 1 && orow >= 0) {
+          ws_lse[(long long)orow * num_splits + split] =
+              v > 0.0f ? m_run[hf] + __log2f(v) : PA_NEG_INF;
+        }
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = 16 * wq + g + 8 * hf;
+    const int orow = sRowOut[r];
+    if (orow < 0) continue;
+    const float l = sL[r];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int col = wg * (VHS / 2) + 2 * tq;
+    if (num_splits == 1) {
+      elem_t* dst = out + (long long)orow * VHS + col;
+#pragma unroll
+      for (int q = 0; q < VBW; ++q)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<unsigned*>(dst + 64 * q + 8 * j) =
+              N::pack2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
+    } else {
+      float* dst = ws_o + ((long long)orow * num_splits + split) * VHS + col;
+#pragma unroll
+      for (int q = 0; q < VBW; ++q)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(dst + 64 * q + 8 * j) =
+              make_float2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
+    }
+  }
+}

@@ -1,0 +1,321 @@
+"""pkg.nxrt::Attention single-kernel decode without a GPU: plan choice, splits, workspace
+layout, shared memory, compiles (no spills) and launches checked against the PTX."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from nxrt import compiler
+from nxrt.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
+from nxrt.errors import KernelError
+from nxrt_kernels import _common, attention
+from nxrt_kernels.attention import (
+    DEC_MAX_SPLITS,
+    DEC_TILES,
+    AttentionKernel,
+    Attrs,
+    Dims,
+    dec_smem_bytes,
+    decode_layout,
+    decode_reason,
+    decode_splits,
+    plan,
+    split_layout,
+)
+
+F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
+
+
+def attrs(H=32, Hkv=8, **kw) -> Attrs:
+    return Attrs(H, Hkv, kw.get("causal", False), None, kw.get("softcap", 0.0),
+                 kw.get("window", -1))
+
+
+def node(H=32, Hkv=8, mask=False, **a) -> Node:
+    return Node("Attention", "pkg.nxrt", {"num_heads": H, "kv_num_heads": Hkv, **a},
+                ["q", "k", "v", "mask"] if mask else ["q", "k", "v"], ["o"])
+
+
+@pytest.fixture
+def single(monkeypatch):
+    monkeypatch.setattr(attention, "DECODE_PATH", "single")
+
+
+# ------------------------------------------------------------------ planning (pure)
+def test_default_keeps_tc_until_measured():
+    assert attention.DECODE_PATH in ("tc", "single")
+    d = Dims(8, 32, 8, 1, 8192, 128, 0)
+    p = plan(attrs(), d, BF16, 132, path="decode")
+    assert p.path == "decode" and p.dp == 128
+
+
+def test_auto_choice(single):
+    a = attrs()
+    for Sk in (1024, 8192, 32768):
+        p = plan(a, Dims(8, 32, 8, 1, Sk, 128, 0), BF16, 132)
+        assert (p.path, p.dp, p.splits) == ("decode", 128, 4)
+    assert plan(a, Dims(8, 32, 8, 4, 4096, 128, 0), F16, 132).path == "decode"  # 16 rows
+    assert plan(a, Dims(8, 32, 8, 5, 4096, 128, 0), F16, 132).path == "tc"  # 20 rows
+    assert plan(a, Dims(1, 32, 8, 1, 4096, 128, 0), F32, 132).path == "simt"
+    assert plan(a, Dims(1, 32, 8, 1, 4096, 128, 0), BF16, 132, tc_ok=False).path == "simt"
+    assert plan(a, Dims(1, 32, 8, 1, 4096, 20, 0), BF16, 132).path == "simt"  # D % 8
+    assert plan(a, Dims(1, 32, 8, 1, 4096, 320, 0), BF16, 132).path == "unfused"
+    p = plan(a, Dims(1, 32, 8, 1, 4096, 72, 0), BF16, 132)
+    assert (p.path, p.dp) == ("decode", 80)
+    p = plan(a, Dims(1, 32, 8, 1, 4096, 256, 0), BF16, 132)
+    assert (p.path, p.dp) == ("decode", 256)
+    # MHA decode: one row per (batch, head)
+    m = attrs(16, 16)
+    assert plan(m, Dims(2, 16, 16, 1, 999, 64, 0), F16, 132).path == "decode"
+    # the old route stays selectable
+    assert plan(a, Dims(8, 32, 8, 1, 8192, 128, 0), BF16, 132, path="fused").path == "tc"
+    # prefill on cc 9.0 still goes to wg
+    assert plan(attrs(8, 2), Dims(2, 8, 2, 1000, 1000, 128, 0), BF16, 132, cc=(9, 0)).path == "wg"
+
+
+def test_forced_decode_refusals():
+    a = attrs()
+    for dims, dt, tc_ok, why in [
+            (Dims(1, 32, 8, 1, 64, 128, 0), F32, True, "FLOAT"),
+            (Dims(1, 32, 8, 1, 64, 36, 0), F16, True, "D = 36"),
+            (Dims(1, 32, 8, 1, 64, 128, 0), F16, False, "strides"),
+            (Dims(1, 32, 8, 8, 64, 128, 0), F16, True, "32 packed")]:
+        assert decode_reason(dims, dt, tc_ok) is not None
+        with pytest.raises(KernelError, match=why):
+            plan(a, dims, dt, 132, path="decode", tc_ok=tc_ok)
+
+
+def test_decode_splits():
+    assert decode_splits(Dims(8, 32, 8, 1, 1024, 128, 0), 128, 132) == 4  # 256 CTAs
+    assert decode_splits(Dims(1, 32, 8, 1, 32768, 128, 0), 128, 132) == 33  # 264 CTAs
+    assert decode_splits(Dims(1, 32, 8, 1, 1024, 128, 0), 128, 132) == 8  # 2 tiles per split
+    assert decode_splits(Dims(1, 32, 8, 1, 200, 128, 0), 128, 132) == 2  # 4 tiles
+    assert decode_splits(Dims(1, 32, 8, 1, 190, 128, 0), 128, 132) == 1  # 3 tiles
+    assert decode_splits(Dims(1, 8, 1, 1, 10**6, 64, 0), 64, 132) == DEC_MAX_SPLITS
+    assert decode_splits(Dims(64, 32, 8, 1, 32768, 128, 0), 128, 132) == 1  # 512 tasks
+    # a window leaves few keys visible: few splits
+    assert decode_splits(Dims(1, 32, 8, 1, 32768, 128, 0), 128, 132, window=100) == 1
+    assert decode_splits(Dims(1, 32, 8, 1, 32768, 128, 0), 128, 132, window=1000) == 8
+    # D 256 builds have 32-key tiles
+    assert decode_splits(Dims(1, 32, 8, 1, 256, 256, 0), 256, 132) == 4
+    for dims in (Dims(8, 32, 8, 1, 1024, 128, 0), Dims(3, 12, 4, 2, 5000, 64, 0)):
+        s = decode_splits(dims, 128, 132)
+        assert dims.B * dims.Hkv * s <= attention.DEC_CTAS_PER_SM * 132
+
+
+def test_num_splits_forced_and_clamped():
+    a = attrs()
+    d = Dims(1, 32, 8, 1, 4097, 128, 0)
+    assert plan(a, d, BF16, 132, path="decode", num_splits=3).splits == 3
+    assert plan(a, d, BF16, 132, path="decode", num_splits=1000).splits == DEC_MAX_SPLITS
+    p = plan(a, d, BF16, 132, path="decode", num_splits=1)
+    assert (p.splits, p.workspace) == (1, 0)
+
+
+def test_decode_layout():
+    assert decode_layout(32, 128, 1, 8) == (0, 0, 0)
+    ml, cnt, total = decode_layout(32, 128, 4, 8)
+    _, ml0, t0 = split_layout(32, 128, 4)
+    assert ml == ml0 and cnt == -(-t0 // 256) * 256 and total == cnt + 256
+    ml, cnt, total = decode_layout(3, 8, 5, 300)  # 1200 bytes of counters
+    assert cnt % 256 == 0 and total == cnt + 1280
+
+
+def test_workspace_requirement(single):
+    k = AttentionKernel(SimpleNamespace(capabilities=SimpleNamespace(sm_count=132)), node())
+    meta = [TensorMetadata(BF16, (8, 32, 1, 128)), TensorMetadata(BF16, (8, 8, 8192, 128)),
+            TensorMetadata(BF16, (8, 8, 8192, 128))]
+    req = k.workspace_requirement(meta)
+    assert req.nbytes == decode_layout(8 * 32, 128, 4, 64)[2] and req.alignment == 256
+    # unsplit: no workspace
+    meta = [TensorMetadata(BF16, (8, 32, 1, 128)), TensorMetadata(BF16, (8, 8, 100, 128)),
+            TensorMetadata(BF16, (8, 8, 100, 128))]
+    assert k.workspace_requirement(meta).nbytes == 0
+
+
+def test_shared_memory_two_ctas_per_sm():
+    # H100/H200: 228 KiB per SM, 1 KiB reserved per CTA, 227 KiB opt-in per CTA; the decode
+    # builds' static shared memory is 272 bytes.
+    for dp, (nwarps, stages) in DEC_TILES.items():
+        smem = dec_smem_bytes(dp)
+        assert smem == 16 * (dp + 8) * 2 + stages * 2 * 16 * nwarps * (dp + 8) * 2
+        assert 2 * (smem + 272 + 1024) <= 228 * 1024, (dp, smem)
+        assert smem + 272 <= 163 * 1024  # A100 opt-in: one CTA per SM there
+        # the merge scratch (f32 per-warp O, max, sum, split weights) fits in the ring
+        ring = stages * 2 * 16 * nwarps * (dp + 8) * 2
+        merge = 4 * (nwarps * 16 * (dp + 8) + 2 * nwarps * 16 + 16 * (DEC_MAX_SPLITS + 1))
+        assert merge <= ring
+        # Little's law: (stages - 1) tiles of K and V in flight per CTA, two CTAs per SM
+        assert 2 * (stages - 1) * 2 * 16 * nwarps * dp * 2 >= 64 * 1024
+
+
+def test_variants_listed():
+    dec = [v for v in attention.compile_variants() if "attn_decode" in v.entries]
+    assert len(dec) == 2 * len(DEC_TILES)
+    for v in dec:
+        assert v.file == "attention_fused_tc.cu" and v.min_arch == 80
+        assert v.defines["BLOCK_N"] == 16 * v.defines["NWARPS"]
+
+
+# ------------------------------------------------------------------ compiles and launches
+# A bounded subset (tests/test_attention_cpu.py compiles every variant for both targets).
+_COMPILE = [(BF16, 128, "sm_90"), (BF16, 128, "sm_80"), (F16, 256, "sm_80"), (F16, 80, "sm_90"),
+            (BF16, 64, "sm_90")]
+_PARAM_RE = re.compile(r"\.param\s+\.(\w+)")
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    """PTX of the bf16 D128 decode build (sm_90), for the launch checks."""
+    v = attention._dec_variant(BF16, 128)
+    r = compiler.compile_source(_common.source(v.file), v.file, "sm_90", v.options,
+                                _common.headers())
+    return r.ptx.decode()
+
+
+@pytest.mark.parametrize("dt,dp,arch", _COMPILE, ids=lambda x: getattr(x, "name", str(x)))
+def test_decode_build_compiles_without_spills(dt, dp, arch):
+    v = attention._dec_variant(dt, dp)
+    r = compiler.compile_source(_common.source(v.file), v.file, arch,
+                                v.options + ("--ptxas-options=-v",), _common.headers())
+    assert b".entry attn_decode(" in r.ptx
+    spills = [ln for ln in r.log.splitlines() if "spill stores" in ln]
+    assert spills and all(" 0 bytes spill stores" in ln for ln in spills), r.log
+    m = re.search(r"Used (\d+) registers", r.log)
+    assert m and int(m.group(1)) * 32 * DEC_TILES[dp][0] * 2 <= 65536  # two CTAs per SM
+
+
+class FakeRt:
+    """Records launches/memsets/allocations; checks args against the decode PTX."""
+
+    def __init__(self, ptx: str, capturing: bool = False) -> None:
+        start = ptx.index(".entry attn_decode(")
+        self.types = _PARAM_RE.findall(ptx[start:ptx.index(")", start)])
+        self.capabilities = SimpleNamespace(sm_count=132, max_shared_per_block_optin=232448)
+        self.capturing = capturing
+        self.launches: list[tuple] = []
+        self.memsets: list[tuple] = []
+        self.live: set[int] = set()
+        self.next = 0x7F0000000
+
+    def nvrtc_function(self, module, source, entry, options=(), *, headers=None, arch=None):
+        return SimpleNamespace(name=entry)
+
+    def launch(self, fn, grid, block, args, shared_mem=0):
+        if fn.name == "attn_decode":
+            assert len(args) == len(self.types)
+            for a, t in zip(args, self.types):
+                if t == "f32":
+                    assert type(a) is np.float32
+                elif t in ("u32", "s32", "b32"):
+                    assert type(a) is np.int32
+                else:
+                    assert type(a) in (int, np.int64)
+            assert block[0] <= 128 and shared_mem <= 232448
+        assert 1 <= grid[1] <= 65535
+        self.launches.append((fn.name, grid, block, shared_mem, args))
+
+    def memset(self, ptr, value, nbytes):
+        self.memsets.append((ptr, value, nbytes))
+
+    def is_capturing(self):
+        return self.capturing
+
+    def alloc_raw(self, n):
+        assert not self.capturing
+        self.next += 1 << 20
+        self.live.add(self.next)
+        return self.next
+
+    def free_raw(self, p):
+        self.live.remove(p)
+
+    def synchronize(self):
+        pass
+
+
+def _views(B=8, H=32, Hkv=8, Sq=1, Sk=8192, D=128, dt=BF16, qptr=0x10000):
+    ins = [TensorView(qptr, dt, (B, H, Sq, D)), TensorView(0x20000, dt, (B, Hkv, Sk, D)),
+           TensorView(0x30000, dt, (B, Hkv, Sk, D))]
+    return ins, TensorMut(0x40000, dt, (B, H, Sq, D))
+
+
+def test_one_launch_and_counter_pool(ptx):
+    rt = FakeRt(ptx)
+    k = AttentionKernel(rt, node(), path="decode")
+    ins, out = _views()
+    req = k.workspace_requirement([t.meta for t in ins])
+    ws = WorkspaceView(0x100000000, req.nbytes)
+    k.execute(ins, [out], ws)
+    assert [x[0] for x in rt.launches] == ["attn_decode"]
+    _, grid, block, smem, args = rt.launches[0]
+    assert grid == (64, 4, 1) and block == (128, 1, 1) and smem == dec_smem_bytes(128)
+    p = k.last_plan
+    assert args[5] == ws.ptr and args[6] == ws.ptr + p.ws_ml
+    pool = args[-1]
+    assert pool in rt.live and rt.memsets == [(pool, 0, 4096)]  # zeroed once
+    k.execute(ins, [out], ws)
+    assert rt.launches[1][4][-1] == pool and len(rt.memsets) == 1  # no memset on replays
+    rt.capturing = True
+    k.execute(ins, [out], ws)
+    assert rt.launches[2][4][-1] == pool and len(rt.memsets) == 1
+    rt.capturing = False
+    k.close()
+    assert not rt.live
+
+
+def test_capture_without_pool_uses_workspace_counters(ptx):
+    rt = FakeRt(ptx, capturing=True)
+    k = AttentionKernel(rt, node(), path="decode")
+    ins, out = _views(Sk=1024)
+    req = k.workspace_requirement([t.meta for t in ins])
+    ws = WorkspaceView(0x100000000, req.nbytes)
+    k.execute(ins, [out], ws)
+    p = k.last_plan
+    cnt = ws.ptr + p.ws_cnt
+    assert rt.memsets == [(cnt, 0, 4 * 64)] and rt.launches[0][4][-1] == cnt
+    assert p.ws_cnt + 4 * 64 <= req.nbytes and not rt.live
+    # the workspace mode on request (eager too)
+    rt.capturing = False
+    k.use_counter_pool = False
+    k.execute(ins, [out], ws)
+    assert len(rt.memsets) == 2 and not rt.live
+
+
+def test_without_workspace_runs_unsplit(ptx):
+    rt = FakeRt(ptx)
+    k = AttentionKernel(rt, node(), path="decode")
+    ins, out = _views(Sk=4097)
+    k.execute(ins, [out], None)
+    _, grid, _, _, args = rt.launches[0]
+    assert grid == (64, 1, 1) and args[-1] == 0 and args[5] == 0 and not rt.memsets
+    assert not rt.live
+
+
+def test_misaligned_pointer_falls_back_to_simt(ptx):
+    rt = FakeRt(ptx)
+    k = AttentionKernel(rt, node(), path="decode")
+    ins, out = _views(qptr=0x10008)
+    req = k.workspace_requirement([t.meta for t in ins])
+    k.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
+    assert [x[0] for x in rt.launches] == ["attn_fused_simt", "attn_combine"]
+    assert k.last_plan.path == "simt" and k.last_plan.splits == 4
+
+
+def test_auto_with_flag(ptx, single):
+    rt = FakeRt(ptx)
+    k = AttentionKernel(rt, node(causal=1, softcap=5.0, local_window_size=3000, mask=True))
+    ins, out = _views(Sk=32768)
+    ins.append(TensorView(0x50000, BF16, (8, 1, 1, 32768)))
+    req = k.workspace_requirement([t.meta for t in ins])
+    k.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
+    assert [x[0] for x in rt.launches] == ["attn_decode"]
+    args = rt.launches[0][4]
+    assert args[3] == 0x50000 and int(args[-8]) == 8  # mask pointer, mask planes
+    assert int(args[-7]) == 1 and int(args[-6]) == 3000  # causal, window
+    assert float(args[-4]) == 5.0 and int(args[-3]) == 1  # softcap, row tiles
+    k.close()

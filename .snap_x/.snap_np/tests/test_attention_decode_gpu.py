@@ -1,0 +1,217 @@
+"""pkg.nxrt::Attention single-kernel decode (path="decode") on the GPU: vs the float64
+reference, forced splits, masks/softcap/window, determinism, capture and replay."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
+from nxrt_kernels import attention
+from nxrt_kernels.attention import AttentionKernel
+from tests._attention_util import Buffers, check, host_inputs, make_node
+
+pytestmark = pytest.mark.gpu
+
+F16, BF16 = DataType.FLOAT16, DataType.BFLOAT16
+
+
+class Call:
+    """Inputs uploaded once, the output poisoned before every run, the exact workspace."""
+
+    def __init__(self, rt, bufs: Buffers, kernel: AttentionKernel, host, workspace=True):
+        self.rt, self.kernel = rt, kernel
+        self.devs = [bufs.array(h) for h in host if h is not None]
+        self.views = [a.view() for a in self.devs]
+        q = host[0]
+        self.out = bufs.array(shape=q.shape, dtype=DataType.from_numpy(q.dtype))
+        req = kernel.workspace_requirement([t.meta for t in self.views])
+        self.req = req
+        self.ws = (WorkspaceView(bufs.raw(req.nbytes), req.nbytes)
+                   if workspace and req.nbytes else None)
+
+    def __call__(self) -> None:
+        self.kernel.execute(self.views, [self.out.mut()], self.ws)
+
+    def run(self) -> np.ndarray:
+        self.out.fill_bytes(0xFF)  # NaN everywhere: every element must be written
+        self()
+        self.rt.synchronize()
+        return self.out.numpy()
+
+    def upload(self, host) -> None:
+        for a, h in zip(self.devs, [h for h in host if h is not None]):
+            a.copy_from(h)
+
+
+# (dtype, B, H, Hkv, Sq, Sk, D, forced splits, attrs, mask planes)
+CASES = [
+    # odd Sk: 1, 7, 1000, 4097; GQA and MHA; f16 and bf16; D 64 and 128; heuristic splits
+    (BF16, 2, 8, 2, 1, 1, 128, None, {}, 0),
+    (F16, 1, 4, 1, 1, 7, 64, None, {}, 0),
+    (BF16, 3, 32, 8, 1, 1000, 128, None, {}, 0),
+    (F16, 2, 8, 8, 1, 4097, 128, None, {}, 0),
+    (BF16, 1, 16, 16, 1, 1000, 64, None, {}, 0),
+    (F16, 1, 32, 8, 1, 4097, 64, None, {}, 0),
+    # forced splits: 1, 2, odd (3, 7), more splits than key tiles (empty splits)
+    (BF16, 1, 8, 2, 1, 4097, 128, 1, {}, 0),
+    (F16, 1, 16, 16, 1, 4097, 64, 2, {}, 0),
+    (BF16, 2, 12, 4, 1, 1000, 64, 3, {}, 0),
+    (F16, 1, 8, 2, 1, 4097, 128, 7, {}, 0),
+    (BF16, 1, 8, 2, 1, 100, 128, 5, {}, 0),
+    # several query rows per CTA (G*Sq = 16 and 3), causal (bottom-right), D 72 (build 80), 256
+    (BF16, 1, 4, 1, 4, 1000, 128, None, {"causal": 1}, 0),
+    (F16, 1, 2, 2, 3, 300, 72, 2, {"causal": 1}, 0),
+    (BF16, 1, 4, 2, 1, 2000, 256, None, {}, 0),
+    (F16, 1, 2, 1, 1, 333, 256, 3, {}, 0),
+    # softcap, windows, scale, masks of 1 / B / B*H planes
+    (F16, 1, 8, 2, 1, 1000, 128, None, {"softcap": 5.0}, 0),
+    (BF16, 2, 8, 2, 1, 4097, 128, None, {"local_window_size": 300}, 0),
+    (F16, 1, 4, 2, 2, 1000, 64, 4, {"causal": 1, "local_window_size": 0}, 0),
+    (F16, 2, 8, 2, 1, 1000, 128, None, {}, 1),
+    (BF16, 2, 4, 1, 1, 1000, 128, 3, {"softcap": 3.0, "scale": 0.05}, 2),
+    (F16, 2, 4, 2, 2, 517, 64, None, {"causal": 1}, 8),
+]
+
+
+def _ids(c):
+    dt, B, H, Hkv, Sq, Sk, D, splits, attrs, planes = c
+    extra = ",".join(f"{k[:6]}={v}" for k, v in attrs.items())
+    return f"{dt.name}-B{B}H{H}/{Hkv}-q{Sq}k{Sk}D{D}-s{splits}-m{planes}-{extra}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_vs_reference(rt, ledger, rng, case):
+    dtype, B, H, Hkv, Sq, Sk, D, splits, attrs, planes = case
+    node = make_node(H, Hkv, _mask=bool(planes), **attrs)
+    host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes)
+    with Buffers(rt) as bufs:
+        kernel = bufs.kernel(node, path="decode", num_splits=splits)
+        call = Call(rt, bufs, kernel, host)
+        got = call.run()
+        p = kernel.last_plan
+        assert p.path == "decode"
+        if splits is not None:
+            assert p.splits == splits
+        check(node, host, got, dtype)
+        if p.splits > 1:  # the same call without a workspace runs unsplit
+            call.ws = None
+            check(node, host, call.run(), dtype)
+            assert kernel.last_plan.splits == 1
+
+
+def test_fully_masked_row_and_no_keys(rt, ledger, rng):
+    with Buffers(rt) as bufs:
+        node = make_node(4, 2, _mask=True)
+        host = host_inputs(rng, BF16, 1, 4, 2, 2, 700, 128, planes=4, masked_row=True, masked_at="last")
+        kernel = bufs.kernel(node, path="decode", num_splits=3)
+        got = Call(rt, bufs, kernel, host).run()
+        check(node, host, got, BF16)
+        assert np.all(got[:, :, 1].astype(np.float32) == 0)
+        node = make_node(4, 2)
+        q = bufs.array(rng.standard_normal((1, 4, 1, 64), dtype=np.float32).astype(np.float16))
+        kv = TensorView(q.ptr, F16, (1, 2, 0, 64))  # Sk = 0: nothing is read
+        out = bufs.array(shape=(1, 4, 1, 64), dtype=F16)
+        out.fill_bytes(0xFF)
+        kernel = bufs.kernel(node, path="decode")
+        kernel.execute([q.view(), kv, kv], [out.mut()])
+        assert kernel.last_plan.path == "decode"
+        assert np.all(out.numpy().astype(np.float32) == 0)
+
+
+def test_matches_tc_route(rt, ledger, rng):
+    """The bench decode shape (small B): the new and the old route agree with float64."""
+    node = make_node(32, 8)
+    host = host_inputs(rng, BF16, 2, 32, 8, 1, 8192, 128)
+    with Buffers(rt) as bufs:
+        new = Call(rt, bufs, bufs.kernel(node, path="decode"), host)
+        old = Call(rt, bufs, bufs.kernel(node, path="fused"), host)
+        a, b = new.run(), old.run()
+        assert new.kernel.last_plan.path == "decode" and new.kernel.last_plan.splits > 1
+        assert old.kernel.last_plan.path == "tc"
+        check(node, host, a, BF16)
+        check(node, host, b, BF16)
+
+
+@pytest.mark.parametrize("splits", [None, 5])
+def test_deterministic(rt, ledger, rng, splits):
+    node = make_node(32, 8)
+    host = host_inputs(rng, BF16, 2, 32, 8, 1, 4097, 128)
+    with Buffers(rt) as bufs:
+        call = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits), host)
+        first = call.run()
+        assert call.kernel.last_plan.splits > 1
+        for _ in range(3):
+            again = call.run()
+            assert np.array_equal(first.view(np.uint16), again.view(np.uint16))
+        # the workspace counters (memset per call) give the same bits as the pool
+        call.kernel.use_counter_pool = False
+        assert np.array_equal(first.view(np.uint16), call.run().view(np.uint16))
+
+
+def test_strided_views(rt, ledger, rng):
+    """Q and the output as [B, S, H, D] memory seen as [B, H, S, D]; K/V slices of a KV pair."""
+    B, H, Hkv, Sq, Sk, D = 2, 8, 2, 2, 1030, 64
+    node = make_node(H, Hkv, causal=1)
+    host = host_inputs(rng, F16, B, H, Hkv, Sq, Sk, D)
+    with Buffers(rt) as bufs:
+        kernel = bufs.kernel(node, path="decode")
+        qb = bufs.array(np.ascontiguousarray(host[0].transpose(0, 2, 1, 3)))
+        q = TensorView(qb.ptr, F16, (B, H, Sq, D), (Sq * H * D, D, H * D, 1))
+        kv = bufs.array(np.stack([host[1], host[2]], axis=2))  # [B, Hkv, 2, Sk, D]
+        kst = (Hkv * 2 * Sk * D, 2 * Sk * D, D, 1)
+        k = TensorView(kv.ptr, F16, (B, Hkv, Sk, D), kst)
+        v = TensorView(kv.ptr + Sk * D * 2, F16, (B, Hkv, Sk, D), kst)
+        ob = bufs.array(shape=(B, Sq, H, D), dtype=F16)
+        ob.fill_bytes(0xFF)
+        out = TensorMut(ob.ptr, F16, (B, H, Sq, D), (Sq * H * D, D, H * D, 1))
+        req = kernel.workspace_requirement([q.meta, k.meta, v.meta])
+        ws = WorkspaceView(bufs.raw(req.nbytes), req.nbytes) if req.nbytes else None
+        kernel.execute([q, k, v], [out], ws)
+        rt.synchronize()
+        assert kernel.last_plan.path == "decode" and kernel.last_plan.splits > 1
+        got = ob.numpy().transpose(0, 2, 1, 3)
+    check(node, host, got, F16)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["pool", "workspace-counters"])
+def test_capture_replay_with_new_inputs(rt, ledger, rng, warm):
+    """Graph replays with new input contents; warm: the counter pool exists before the
+    capture (no memset in the graph), else the workspace counters are cleared in the graph."""
+    B, H, Hkv, Sk, D = 4, 32, 8, 3001, 128
+    node = make_node(H, Hkv, softcap=4.0)
+    host = host_inputs(rng, BF16, B, H, Hkv, 1, Sk, D)
+    with Buffers(rt) as bufs:
+        kernel = bufs.kernel(node, path="decode")
+        call = Call(rt, bufs, kernel, host)
+        if warm:
+            check(node, host, call.run(), BF16)
+        else:
+            kernel._fn(attention._dec_variant(BF16, 128), "attn_decode")  # load, no launch
+        before = rt.memory_stats().live_bytes
+        with rt.capture() as graph:
+            call()
+        try:
+            assert rt.memory_stats().live_bytes == before  # nothing allocated while capturing
+            assert kernel.last_plan.splits > 1
+            assert bool(kernel._cnt_pool.ptr) == warm
+            for _ in range(3):
+                host = host_inputs(rng, BF16, B, H, Hkv, 1, Sk, D)
+                call.upload(host)
+                call.out.fill_bytes(0xFF)
+                graph.replay()
+                rt.synchronize()
+                check(node, host, call.out.numpy(), BF16)
+        finally:
+            graph.destroy()
+
+
+def test_auto_uses_decode_with_flag(rt, ledger, rng, monkeypatch):
+    monkeypatch.setattr(attention, "DECODE_PATH", "single")
+    node = make_node(32, 8)
+    host = host_inputs(rng, F16, 8, 32, 8, 1, 1024, 128)
+    with Buffers(rt) as bufs:
+        kernel = bufs.kernel(node)
+        got = Call(rt, bufs, kernel, host).run()
+        assert kernel.last_plan.path == "decode" and kernel.last_plan.splits == 4
+        check(node, host, got, F16)

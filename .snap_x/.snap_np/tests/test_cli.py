@@ -1,0 +1,75 @@
+"""The ``nxrt`` command without a GPU: doctor exits 0, warm compiles into the cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from nxrt.cli import main
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nxrt.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_doctor_runs_and_reports(tmp_path):
+    res = run_cli("doctor", "--json", env={"NXRT_CACHE_DIR": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["nvrtc"][0].isdigit()
+    assert "sm_90" in info["nvrtc_archs"]
+    assert info["include_dirs"], "the CUDA headers must be found through cuda.pathfinder"
+    assert info["cache"]["dir"] == str(tmp_path)
+
+
+def test_doctor_human_output():
+    res = run_cli("doctor")
+    assert res.returncode == 0, res.stderr
+    assert "NVRTC:" in res.stdout and "compile cache:" in res.stdout
+
+
+def test_cache_commands_on_empty_dir(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NXRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("nxrt.cache._default", None)
+    assert main(["cache", "ls"]) == 0
+    assert main(["cache", "verify"]) == 0
+    assert main(["cache", "clear"]) == 0
+    assert main(["cache", "stats"]) == 0
+    out = capsys.readouterr().out
+    assert "0 entries" in out and "0 valid, 0 bad" in out
+
+
+def test_cache_verify_flags_a_corrupt_entry(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("NXRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("nxrt.cache._default", None)
+    bad = tmp_path / "v1" / "ab" / ("ab" + "0" * 62 + ".nxc")
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"NXRTCACHE\x01 truncated")
+    assert main(["cache", "verify"]) == 1
+    assert main(["cache", "verify", "--remove"]) == 0
+    assert not bad.exists()
+
+
+@pytest.mark.slow
+def test_warm_fills_the_cache_without_a_gpu():
+    # The session cache (shared with the kernel-source tests, so compiles are not repeated).
+    env = {"NXRT_CACHE_DIR": os.environ["NXRT_CACHE_DIR"]}
+    res = run_cli("warm", "--arch", "sm_90", env=env)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "failed" in res.stderr and " 0 failed" in res.stderr
+    ls = run_cli("cache", "ls", env=env)
+    n = int(ls.stdout.strip().splitlines()[-1].split()[0])
+    assert n >= 1
+    # A second warm compiles nothing: everything comes from the disk cache.
+    again = run_cli("warm", "--arch", "sm_90", env=env)
+    assert again.returncode == 0 and " 0 compiled" in again.stderr, again.stderr[-2000:]
+
+
+def test_warm_rejects_a_bad_arch():
+    with pytest.raises(ValueError, match="arch must look like"):
+        main(["warm", "--arch", "ampere"])

@@ -1,0 +1,424 @@
+"""IndexShare on the GPU against the float64 reference, determinism, and capture/replay
+with valid and poisoned indices. Bounded parametrization (about 15 kernel variants)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import nxrt
+from nxrt import DeviceArray
+from nxrt.api import DataType, Node, TensorView
+from nxrt.errors import CaptureError
+from nxrt.latch import INDEX_SHARE_SELECTED_INDICES
+from nxrt_kernels import index_share, reference
+from nxrt_kernels._ref_index_share import SelectedIndicesError
+from tests._util import TOL, rel_fro
+
+pytestmark = pytest.mark.gpu
+
+BF16 = ml_dtypes.bfloat16
+F16, F32 = np.float16, np.float32
+
+
+def make_node(n, nkv, outputs=1, scale=None):
+    attrs = {"num_heads": n, "kv_num_heads": nkv}
+    if scale is not None:
+        attrs["scale"] = scale
+    return Node("IndexShare", "pkg.nxrt", attrs, ["q", "k", "v", "pk", "pv", "idx", "b"],
+                ["y", "pk_out", "pv_out"][:outputs])
+
+
+def rows(rng, shape, bound, k):
+    """Strictly increasing index rows with trailing -1 padding; bound per batch or one int."""
+    out = np.full(tuple(shape) + (k,), -1, dtype=np.int64)
+    for pos in np.ndindex(*shape):
+        bnd = int(bound[pos[0]]) if np.ndim(bound) else int(bound)
+        n = min(k, bnd) if rng.random() < 0.5 else int(rng.integers(1, min(k, bnd) + 1))
+        out[pos][:n] = np.sort(rng.choice(bnd, size=n, replace=False))
+    return out
+
+
+def case(rng, *, dtype, b, n, nkv, sq, cur, past, h, k, hi, bias, idt, mode):
+    q = rng.standard_normal((b, n, sq, h)).astype(dtype)
+    kk = rng.standard_normal((b, nkv, cur, h)).astype(dtype)
+    vv = rng.standard_normal((b, nkv, cur, h)).astype(dtype)
+    pk = rng.standard_normal((b, nkv, past, h)).astype(dtype) if past else None
+    pv = rng.standard_normal((b, nkv, past, h)).astype(dtype) if past else None
+    cache = past if mode == "capacity" else past + cur
+    bounds: object = cache
+    bb = None
+    if bias is not None:
+        shape = tuple(d if d != "C" else cache for d in bias)
+        bb = (0.5 * rng.standard_normal(shape)).astype(dtype)
+        if mode == "capacity":  # a per-batch valid length carried by the frontier
+            lens = rng.integers(max(cur, k // 2 + 1), cache + 1, size=b)
+            b4 = bb.reshape((1,) * (4 - bb.ndim) + bb.shape)
+            full = np.broadcast_to(b4, (b,) + b4.shape[1:]).copy()
+            for i, ln in enumerate(lens):
+                full[i, ..., ln:] = -np.inf
+            bb = full.astype(dtype)
+            bounds = lens
+        elif bb.size > 3:
+            bb.reshape(-1)[1::5] = -np.inf  # masked entries
+    idx = rows(rng, (b, hi, sq), bounds, k).astype(idt)
+    return [q, kk, vv, pk, pv, idx, bb]
+
+
+def upload(rt, ins):
+    arrs = [None if a is None else DeviceArray.from_numpy(rt, a) for a in ins]
+    views = [a.view() if a is not None else TensorView.absent_slot() for a in arrs]
+    return arrs, views
+
+
+def out_shapes(ins, mode):
+    q, k, pk = ins[0], ins[1], ins[3]
+    if mode == "none":
+        return [q.shape]
+    if mode == "concat":
+        s = list(k.shape)
+        s[2] += 0 if pk is None else pk.shape[2]
+        return [q.shape, tuple(s), tuple(s)]
+    return [q.shape, pk.shape, pk.shape]
+
+
+def run(rt, kern, views, outs):
+    for o in outs:
+        o.fill_bytes(0xFF)  # NaN poison: every element must be written
+    kern.execute(views, [o.mut() for o in outs])
+    return [o.numpy() for o in outs]
+
+
+def free(*groups):
+    for g in groups:
+        for a in g:
+            if a is not None:
+                a.free()
+
+
+CASES = [
+    # id, dtype, b, n, nkv, sq, cur, past, h, k, hi, bias, idx dtype, mode, path
+    ("f32-gqa-rank1", F32, 2, 8, 2, 3, 2, 37, 32, 7, 1, ("C",), np.int32, "none", None),
+    ("f16-mha-hiN-rank2", F16, 2, 4, 4, 3, 3, 61, 64, 64, 4, (3, "C"), np.int64, "concat", None),
+    ("bf16-mma-wm1-rank4-cap", BF16, 2, 16, 2, 2, 2, 300, 64, 64, 1, (2, 1, 2, "C"), np.int32,
+     "capacity", None),
+    ("bf16-mma-wm4-k2048", BF16, 2, 64, 1, 2, 5, 2600, 128, 2048, 1, None, np.int64, "none",
+     "mma"),
+    ("f16-mma-wm4-rank3", F16, 1, 48, 1, 3, 3, 2100, 128, 2048, 1, (48, 1, "C"), np.int32,
+     "concat", "mma"),
+    # The wgmma path (sm_90a; elsewhere the planner takes mma and these still check that).
+    ("bf16-wg-k2048", BF16, 2, 64, 1, 2, 5, 2600, 128, 2048, 1, None, np.int64, "none", None),
+    ("f16-wg-g48-rank3", F16, 1, 48, 1, 3, 3, 2100, 128, 2048, 1, (48, 1, "C"), np.int32,
+     "concat", None),
+    ("bf16-wg-h64-g96-cap", BF16, 2, 96, 1, 1, 1, 3000, 64, 1500, 1, (2, 96, 1, "C"), np.int32,
+     "capacity", None),
+    ("f32-cap-hiN-k1", F32, 3, 6, 2, 2, 1, 50, 16, 1, 6, (3, 6, 2, "C"), np.int64, "capacity",
+     None),
+    ("bf16-odd-h72-rank3", BF16, 2, 6, 3, 3, 2, 40, 72, 7, 6, (1, 3, "C"), np.int32, "none",
+     None),
+    ("f16-narrow-h20", F16, 2, 4, 2, 2, 3, 90, 20, 64, 1, None, np.int64, "concat", None),
+    ("f32-h256", F32, 1, 4, 2, 2, 2, 70, 256, 64, 1, (1, "C"), np.int32, "none", None),
+    ("bf16-simt-forced-g16", BF16, 1, 16, 1, 2, 1, 2500, 128, 2048, 1, None, np.int32, "none",
+     "simt"),
+    ("f32-decode-splitk", F32, 2, 8, 8, 1, 1, 4000, 64, 2048, 1, ("C",), np.int64, "none", None),
+]
+
+
+@pytest.mark.parametrize("cfg", CASES, ids=[c[0] for c in CASES])
+def test_matches_reference(rt, ledger, rng, cfg):
+    _, dt, b, n, nkv, sq, cur, past, h, k, hi, bias, idt, mode, path = cfg
+    ins = case(rng, dtype=dt, b=b, n=n, nkv=nkv, sq=sq, cur=cur, past=past, h=h, k=k, hi=hi,
+               bias=bias, idt=idt, mode=mode)
+    nd = make_node(n, nkv, outputs=1 if mode == "none" else 3, scale=0.3 if dt == F32 else None)
+    want = reference.index_share(nd, ins, present=mode)
+    arrs, views = upload(rt, ins)
+    outs = [DeviceArray(rt, s, DataType.from_numpy(dt)) for s in out_shapes(ins, mode)]
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    kern.path_override = path
+    try:
+        got = run(rt, kern, views, outs)
+        err = rel_fro(got[0], want[0])
+        assert err < TOL[DataType.from_numpy(dt)], (kern.last_plan, err)
+        for g, w in zip(got[1:], want[1:]):
+            assert np.array_equal(g.view(np.uint8), w.view(np.uint8)), "present K/V must be exact"
+        again = run(rt, kern, views, outs)
+        assert np.array_equal(again[0].view(np.uint8), got[0].view(np.uint8)), "not deterministic"
+    finally:
+        kern.close()
+        free(arrs, outs)
+
+
+def test_paths_agree_and_are_deterministic(rt, ledger, rng):
+    """The tensor-core and CUDA-core paths both match; each is bitwise stable run to run."""
+    ins = case(rng, dtype=BF16, b=3, n=32, nkv=2, sq=1, cur=1, past=3000, h=128, k=2048, hi=1,
+               bias=(3, 1, 1, "C"), idt=np.int32, mode="none")
+    nd = make_node(32, 2)
+    want = reference.index_share(nd, ins)[0]
+    arrs, views = upload(rt, ins)
+    y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    try:
+        for path in ("mma", "simt"):
+            kern.path_override = path
+            a = run(rt, kern, views, [y])[0]
+            assert kern.last_plan.path == path
+            assert rel_fro(a, want) < TOL[DataType.BFLOAT16]
+            for _ in range(3):
+                assert np.array_equal(run(rt, kern, views, [y])[0].view(np.uint16), a.view(np.uint16))
+    finally:
+        kern.close()
+        free(arrs, [y])
+
+
+def test_eager_rejects_bad_rows_before_launch(rt, ledger, rng):
+    ins = case(rng, dtype=F32, b=2, n=4, nkv=2, sq=3, cur=2, past=20, h=32, k=6, hi=1, bias=None,
+               idt=np.int64, mode="concat")
+    ins[5][1, 0, 2, :3] = [4, 4, 9]
+    nd = make_node(4, 2, outputs=3)
+    arrs, views = upload(rt, ins)
+    outs = [DeviceArray(rt, s, DataType.FLOAT) for s in out_shapes(ins, "concat")]
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    try:
+        before = rt.launch_count
+        with pytest.raises(SelectedIndicesError, match=r"batch=1, head=0, query=2, column=1\]: duplicate"):
+            kern.execute(views, [o.mut() for o in outs])
+        assert rt.launch_count == before
+        with pytest.raises(SelectedIndicesError) as ref_err:
+            reference.index_share(nd, ins, present="concat")
+        assert ref_err.value.violation == kern_violation(kern, views, outs)
+    finally:
+        kern.close()
+        free(arrs, outs)
+
+
+def kern_violation(kern, views, outs):
+    try:
+        kern.execute(views, [o.mut() for o in outs])
+    except SelectedIndicesError as exc:
+        return exc.violation
+    return None
+
+
+@pytest.mark.parametrize("n,knobs", [(16, None), (64, None), (128, {"ws": 1, "ctas": 2})],
+                         ids=["mma", "wg", "ws"])
+@pytest.mark.parametrize("mode", ["none", "capacity"])
+def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n, knobs):
+    b, nkv, h, k = 2, 2, 64, 64
+    past = 500
+    ins = case(rng, dtype=BF16, b=b, n=n, nkv=nkv, sq=1, cur=1, past=past, h=h, k=k, hi=1,
+               bias=(b, 1, 1, "C") if mode == "capacity" else None, idt=np.int32, mode=mode)
+    nd = make_node(n, nkv, outputs=1 if mode == "none" else 3)
+    arrs, views = upload(rt, ins)
+    y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
+    outs = [y] if mode == "none" else [y, arrs[3], arrs[4]]  # capacity: present aliases past
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    if knobs and _wg_device(rt):
+        kern.plan_override = knobs
+    graph = None
+    try:
+        assert not kern.capture_support()
+        kern.execute(views, [o.mut() for o in outs])  # warm-up
+        assert kern.capture_support()
+        if mode == "capacity":
+            arrs[3].copy_from(ins[3])
+            arrs[4].copy_from(ins[4])
+        rt.synchronize()
+        with rt.capture() as graph:
+            kern.execute(views, [o.mut() for o in outs])
+        bounds = past + 1 if mode == "none" else None
+        if mode == "capacity":
+            fr = np.isfinite(ins[6].astype(np.float32))
+            bounds = np.array([int(np.nonzero(fr[i].any(axis=(0, 1)))[0].max()) + 1 for i in range(b)])
+        new_idx = rows(rng, (b, 1, 1), bounds, k).astype(np.int32)
+        arrs[5].copy_from(new_idx)
+        y.fill_bytes(0xFF)
+        graph.replay()
+        rt.latch.check()  # valid rows: nothing latched
+        replayed = y.numpy()
+        if mode == "capacity":
+            arrs[3].copy_from(ins[3])
+            arrs[4].copy_from(ins[4])
+        y.fill_bytes(0xFF)  # (the capacity present is past itself: not poisoned)
+        kern.execute(views, [o.mut() for o in outs])
+        eager = y.numpy()
+        assert np.array_equal(replayed.view(np.uint16), eager.view(np.uint16))
+        want = reference.index_share(nd, ins[:5] + [new_idx, ins[6]], present=mode)[0]
+        assert rel_fro(replayed, want) < TOL[DataType.BFLOAT16]
+        for poison in ([2**31 - 1, 5], [-7, 3], [9, 9], [-1, 3]):
+            bad = new_idx.copy()
+            bad[1, 0, 0, :2] = poison
+            arrs[5].copy_from(bad)
+            graph.replay()
+            with pytest.raises(CaptureError, match="IndexShare") as err:
+                rt.latch.check()
+            assert err.value.bits == INDEX_SHARE_SELECTED_INDICES
+        rt.synchronize()  # no fault: the stream is healthy
+        rt.latch.check()
+    finally:
+        del graph
+        kern.close()
+        free(arrs, [y])
+
+
+def test_capture_before_warmup_is_refused(rt, ledger, rng):
+    ins = case(rng, dtype=F16, b=1, n=4, nkv=2, sq=1, cur=1, past=30, h=64, k=8, hi=1,
+               bias=None, idt=np.int32, mode="none")
+    arrs, views = upload(rt, ins)
+    y = DeviceArray(rt, ins[0].shape, DataType.FLOAT16)
+    kern = index_share.IndexShareFactory(rt).create(make_node(4, 2))
+    try:
+        with pytest.raises(CaptureError, match="warm-up"):
+            with rt.capture():
+                kern.execute(views, [y.mut()])
+        kern.execute(views, [y.mut()])  # the runtime stays usable
+        rt.synchronize()
+    finally:
+        kern.close()
+        free(arrs, [y])
+
+
+def test_torch_tensors_and_workspace(rt, ledger, rng):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    ins = case(rng, dtype=F32, b=1, n=8, nkv=8, sq=1, cur=1, past=3000, h=64, k=1500, hi=1,
+               bias=None, idt=np.int64, mode="none")
+    nd = make_node(8, 8)
+    ts = [None if a is None else torch.from_numpy(np.ascontiguousarray(a)).cuda() for a in ins]
+    y = torch.full(ins[0].shape, float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    views = [TensorView.from_array(t) if t is not None else TensorView.absent_slot() for t in ts]
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    req = kern.workspace_requirement([v.meta if not v.absent else v for v in views])
+    ws = rt.alloc_raw(max(req.nbytes, 1))
+    try:
+        kern.execute(views, [nxrt.TensorMut.from_array(y)], nxrt.WorkspaceView(ws, req.nbytes))
+        rt.synchronize()
+        assert rel_fro(y.cpu().numpy(), reference.index_share(nd, ins)[0]) < TOL[DataType.FLOAT]
+    finally:
+        rt.free_raw(ws)
+        kern.close()
+
+
+def _plans_agree(rt, kern, views, y, want, plans, path, layout, tol, repeats=0):
+    """Run ``kern`` with each plan override: every result matches ``want``; plans with the
+    same layout knobs and split count give the same bits (whatever the depth, merge or
+    loop); each result repeats bit for bit ``repeats`` more times."""
+    got = {}
+    for knobs in plans:
+        kern.plan_override = knobs
+        a = run(rt, kern, views, [y])[0]
+        plan = kern.last_plan
+        assert plan.path == path, (knobs, plan)
+        err = rel_fro(a, want)
+        assert err < tol, (knobs, plan, err)
+        key = tuple(plan.knobs[k] for k in layout) + (plan.splits,)
+        if key in got:
+            assert np.array_equal(got[key].view(np.uint16), a.view(np.uint16)), (knobs, plan)
+        got[key] = a
+        for _ in range(repeats):
+            assert np.array_equal(run(rt, kern, views, [y])[0].view(np.uint16),
+                                  a.view(np.uint16)), ("not deterministic", knobs, plan)
+
+
+@pytest.mark.parametrize("shape", ["decode", "prefill"])
+def test_mma_plans_agree(rt, ledger, rng, shape):
+    """Every tensor-core layout, ring depth, split merge and per-tile pipeline matches the
+    reference; the in-kernel split merge and is_combine, and pipes 1 and 2, give the same
+    bits; repeated runs are bitwise equal (the last-CTA merge must not depend on which CTA
+    finishes last)."""
+    if shape == "decode":  # few tasks: the planner splits the 2048 keys over many CTAs
+        b, sq, past, k = 3, 1, 5000, 2048
+    else:  # many (query) tasks, a padded row
+        b, sq, past, k = 1, 37, 700, 300
+    ins = case(rng, dtype=BF16, b=b, n=128, nkv=1, sq=sq, cur=sq, past=past, h=128, k=k, hi=1,
+               bias=(1, 128, sq, "C") if shape == "prefill" else None, idt=np.int32,
+               mode="none")
+    nd = make_node(128, 1)
+    want = reference.index_share(nd, ins)[0]
+    arrs, views = upload(rt, ins)
+    y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    kern.path_override = "mma"
+    plans = [None, {"merge": "kernel"}, {"wm": 4, "wn": 2}, {"wm": 4, "wn": 1, "stages": 2},
+             {"stages": 3, "splits": 3}, {"stages": 3, "splits": 3, "merge": "kernel"},
+             {"splits": 1},
+             # The first per-tile pipeline: the same bits as the default (IS_PIPE 2) plans.
+             {"pipe": 1}, {"pipe": 1, "wm": 4, "wn": 2}, {"pipe": 1, "stages": 3, "splits": 3}]
+    try:
+        _plans_agree(rt, kern, views, y, want, plans, "mma", ("wm", "wn"), TOL[DataType.BFLOAT16])
+        kern.plan_override = None
+        first = run(rt, kern, views, [y])[0]
+        assert shape == "prefill" or kern.last_plan.splits > 1
+        for _ in range(4):
+            assert np.array_equal(run(rt, kern, views, [y])[0].view(np.uint16), first.view(np.uint16))
+    finally:
+        kern.close()
+        free(arrs, [y])
+
+
+def _wg_device(rt) -> bool:
+    return rt.capabilities.arch == "sm_90"
+
+
+@pytest.mark.parametrize("shape", ["decode-g64", "decode-g128-bias", "prefill-g96-f16-h64",
+                                   "prefill-many-g128"])
+def test_wg_plans_agree(rt, ledger, rng, shape):
+    """The wgmma path (sm_90a): every layout (heads split across warpgroups, keys split
+    across warpgroups, one warpgroup), ring depth, split count, split merge, loop (plain or
+    overlapped) and register cap (minb) matches the reference; plans with the same layout
+    and splits give the same bits whatever the depth, merge, loop or cap; repeated runs are
+    bitwise equal; it is the default where it applies (with enough rows: the three-CTA
+    build)."""
+    if not _wg_device(rt):
+        pytest.skip("the wgmma path needs an sm_90 device")
+    dt, h, bias = BF16, 128, None
+    if shape == "decode-g64":
+        b, n, sq, past, k = 3, 64, 1, 5000, 2048
+    elif shape == "decode-g128-bias":
+        b, n, sq, past, k = 2, 128, 1, 3000, 1999
+        bias = (2, 128, 1, "C")
+    elif shape == "prefill-g96-f16-h64":  # two head blocks of 64 (one partial with mrows 128)
+        b, n, sq, past, k, dt, h = 1, 96, 37, 700, 300, F16, 64
+        bias = (96, 1, "C")
+    else:  # enough rows (>= 4 per SM) for the prefill default: 64-head CTAs, three per SM
+        b, n, sq, past, k = 1, 128, 601, 900, 257
+    ins = case(rng, dtype=dt, b=b, n=n, nkv=1, sq=sq, cur=sq, past=past, h=h, k=k, hi=1,
+               bias=bias, idt=np.int32, mode="none")
+    nd = make_node(n, 1)
+    want = reference.index_share(nd, ins)[0]
+    arrs, views = upload(rt, ins)
+    y = DeviceArray(rt, ins[0].shape, DataType.from_numpy(dt))
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    plans = [None, {"merge": "kernel"}, {"stages": 2}, {"splits": 1}, {"splits": 3},
+             {"splits": 3, "merge": "kernel", "stages": 3},
+             {"wgs": 1, "mrows": 64}, {"wgs": 1, "mrows": 64, "splits": 4},
+             {"wgs": 2, "mrows": 64}, {"wgs": 2, "mrows": 64, "splits": 2},
+             {"wgs": 2, "mrows": 128}, {"wgs": 2, "mrows": 128, "splits": 5},
+             # The overlapped loop (IS_OVERLAP): the same arithmetic, so the same bits.
+             {"overlap": 1}, {"overlap": 1, "wgs": 1, "mrows": 64, "stages": 3},
+             {"overlap": 1, "wgs": 2, "mrows": 64, "splits": 2},
+             {"overlap": 1, "wgs": 2, "mrows": 128, "splits": 5, "merge": "kernel"},
+             # Q in registers (one warpgroup): S from the register A operand.
+             {"wgs": 1, "mrows": 64, "qreg": 1},
+             {"wgs": 1, "mrows": 64, "qreg": 1, "overlap": 1, "stages": 3, "splits": 4},
+             # Registers capped at 168 (three CTAs per SM): same arithmetic, same bits.
+             {"wgs": 1, "mrows": 64, "qreg": 1, "stages": 2, "minb": 3},
+             {"wgs": 1, "mrows": 64, "qreg": 1, "stages": 2, "minb": 3, "splits": 4},
+             # The warp-specialised persistent build (128-key tiles: its own bits, the same
+             # for any grid or merge): capped grids make every CTA loop over many items.
+             {"ws": 1}, {"ws": 1, "ctas": 3}, {"ws": 1, "splits": 3},
+             {"ws": 1, "splits": 3, "ctas": 5}, {"ws": 1, "splits": 3, "merge": "kernel"}]
+    try:
+        kern.plan_override = None
+        run(rt, kern, views, [y])
+        assert kern.last_plan.path == "wg", kern.last_plan
+        if shape == "prefill-many-g128":
+            kn = kern.last_plan.knobs
+            assert (kn["wgs"], kn["mrows"], kn["qreg"], kn["minb"]) == (1, 64, 1, 3), kn
+        _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg"),
+                     TOL[DataType.from_numpy(dt)], repeats=2)
+    finally:
+        kern.close()
+        free(arrs, [y])

@@ -1,0 +1,117 @@
+"""Stream capture and executable graphs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._check import check, driver
+from .errors import CaptureError, CudaError
+
+if TYPE_CHECKING:
+    from .runtime import CudaRuntime
+
+__all__ = ["Graph", "CAPTURE_MODES"]
+
+CAPTURE_MODES = {
+    "global": driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
+    "thread_local": driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+    "relaxed": driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED,
+}
+
+
+def _instantiate(graph: Any) -> Any:
+    return check(driver.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+
+
+class Graph:
+    """A captured graph and its executable instance, bound to one runtime's stream.
+
+    ``replay()`` launches it on the runtime's stream; ``update(other)`` takes the node
+    parameters of a topologically identical graph (cuGraphExecUpdate), re-instantiating
+    when the driver refuses the update.
+    """
+
+    def __init__(self, runtime: CudaRuntime) -> None:
+        self._rt = runtime
+        self._graph: Any = None
+        self._exec: Any = None
+        self.replays = 0
+        self.reinstantiations = 0
+
+    def _adopt(self, graph: Any) -> None:
+        self._graph = graph
+        try:
+            self._exec = _instantiate(graph)
+        except CudaError:
+            check(driver.cuGraphDestroy(graph), "cuGraphDestroy")
+            self._graph = None
+            raise
+
+    @property
+    def ready(self) -> bool:
+        return self._exec is not None
+
+    @property
+    def num_nodes(self) -> int:
+        if self._graph is None:
+            return 0
+        _nodes, n = check(driver.cuGraphGetNodes(self._graph, 0), "cuGraphGetNodes")
+        return int(n)
+
+    def _require(self) -> None:
+        if self._exec is None:
+            raise CaptureError("this graph has no executable instance yet: replay it after the "
+                               "capture block has ended (or it was destroyed)")
+
+    def replay(self) -> None:
+        """Launch the graph on the runtime's stream (asynchronous)."""
+        self._require()
+        if self._rt._closed:
+            raise ValueError("replay(): the graph's CudaRuntime is closed")
+        self._rt.device.make_current()
+        check(driver.cuGraphLaunch(self._exec, self._rt.stream.handle), "cuGraphLaunch")
+        self.replays += 1
+
+    def update(self, other: Graph) -> bool:
+        """Take ``other``'s node parameters; returns ``False`` when it had to re-instantiate.
+
+        ``other`` keeps its own instance; this graph now holds a copy of ``other``'s
+        topology and parameters either way.
+        """
+        self._require()
+        other._require()
+        self._rt.device.make_current()
+        clone = check(driver.cuGraphClone(other._graph), "cuGraphClone")
+        res = driver.cuGraphExecUpdate(self._exec, clone)
+        if res[0] == driver.CUresult.CUDA_SUCCESS:
+            # Keep the graph the instance now matches, so a later update *from* this graph
+            # hands on the new parameters.
+            check(driver.cuGraphDestroy(self._graph), "cuGraphDestroy")
+            self._graph = clone
+            return True
+        # Topology or node kinds differ: instantiate the clone instead.
+        try:
+            new_exec = _instantiate(clone)
+        except CudaError:
+            check(driver.cuGraphDestroy(clone), "cuGraphDestroy")
+            raise
+        check(driver.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
+        check(driver.cuGraphDestroy(self._graph), "cuGraphDestroy")
+        self._graph, self._exec = clone, new_exec
+        self.reinstantiations += 1
+        return False
+
+    def destroy(self) -> None:
+        """Free the graph and its instance (idempotent)."""
+        if self._exec is not None:
+            check(driver.cuGraphExecDestroy(self._exec), "cuGraphExecDestroy")
+            self._exec = None
+        if self._graph is not None:
+            check(driver.cuGraphDestroy(self._graph), "cuGraphDestroy")
+            self._graph = None
+
+    def __del__(self) -> None:
+        try:
+            self.destroy()
+        except Exception:  # destructors never raise
+            pass

@@ -1,0 +1,678 @@
+// attention_fused_tc.cu — FlashAttention-2 style fused attention on tensor cores (f16/bf16).
+//
+// One CTA = NWARPS warps x 16 packed query rows (see attention_util.cuh for the packing)
+// against the key tiles of its split. Per key tile of BLOCK_N keys:
+//   S = Q Kᵀ        mma.sync m16n8k16 (f32 accumulate), Q and K fragments by ldmatrix
+//   online softmax  in registers, exp2 with scale*log2(e) folded in, quad shuffles
+//   O += P V        P re-packed from the S accumulators, V fragments by ldmatrix.trans
+// K and V tiles are double-buffered with cp.async (zero-fill past Sk and past D), so the
+// copy of tile t+1 overlaps the math of tile t. Nothing of size [Sq, Sk] touches memory.
+//
+// Compile-time: NXRT_T (__half | __nv_bfloat16), HEAD_DIM (padded head dim, multiple of 16,
+// <= 256), BLOCK_N (keys per tile, multiple of 16), NWARPS. The runtime D may be smaller
+// than HEAD_DIM (multiple of 8); the extra columns are zero-filled. Shared memory (bytes):
+// (16*NWARPS + 4*BLOCK_N) * (HEAD_DIM + 8) * 2 for Q, K[2], V[2], plus
+// 16*NWARPS * ((BLOCK_N + 4) * 4 + 8) for the f32 score tile of the general logit path and the
+// rows' mask offsets — the Python launcher uses the same formula.
+//
+// Logits: tiles that every row sees in full and that have no softcap or mask take a fast
+// path (scale * log2e on the registers). Others (causal diagonal, window edges, the last
+// partial tile, softcap, mask) go through a per-warp f32 tile in shared memory and one
+// rolled loop, which keeps the unrolled code (and NVRTC's compile time) small.
+//
+// splits == 1: normalised output in O's dtype. splits > 1: unnormalised f32 partial O plus
+// (running max in log2 units, row sum) per row into ws_o / ws_ml for attention_rows.cu's
+// combine kernel.
+//
+// With -DDEC_STAGES this file builds the single-kernel decode entry `attn_decode` instead (see
+// the section at the end): the same fragment code, one 16-row block per CTA, every warp on
+// its own 16 keys of each tile, a DEC_STAGES-deep cp.async ring and the split-KV combine done
+// in-kernel by the last CTA of each row tile.
+#include "attention_util.cuh"
+
+#ifndef NXRT_T
+#define NXRT_T __half
+#endif
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 64
+#endif
+#ifndef NWARPS
+#define NWARPS 4
+#endif
+
+typedef NXRT_T T;
+using namespace nxrt;
+using namespace nxrt_attn;
+
+constexpr int DP = HEAD_DIM;
+constexpr int BN = BLOCK_N;
+constexpr int NT = 32 * NWARPS;
+constexpr int PITCH = DP + 8;          // 16-byte row pad: 8 rows of an ldmatrix hit 8 bank groups
+constexpr int CHUNKS = DP / 8;         // 16-byte chunks per row
+constexpr int KSTEPS = DP / 16;        // k-steps of Q Kᵀ
+constexpr int NO = DP / 8;             // n8 tiles of O per warp
+constexpr bool Q_IN_REGS = DP <= 128;  // DP = 256 would cost 64 more registers per thread
+#ifndef DEC_STAGES
+constexpr int BM = 16 * NWARPS;
+constexpr int NS = BN / 8;             // n8 tiles of S per warp
+constexpr int SPITCH = BN + 4;  // f32 score tile row pitch
+constexpr int SMEM_BYTES = (BM + 4 * BN) * PITCH * 2 + BM * (SPITCH * 4 + 8);
+#endif
+
+static_assert(DP % 16 == 0 && DP <= 256, "HEAD_DIM must be a multiple of 16, at most 256");
+static_assert(BN % 16 == 0, "BLOCK_N must be a multiple of 16");
+static_assert(((DP / 8 + 1) & 1) == 1, "PITCH must be an odd number of 16-byte chunks");
+
+// Issue the cp.async copies of BN key rows starting at key `j0` into `dst` (zero-fill past
+// Sk and past D). `base` points at key 0 of this (batch, kv head).
+__device__ __forceinline__ void load_kv_tile(T* dst, const T* __restrict__ base, long long s_s,
+                                             int j0, int Sk, int D, int tid) {
+#pragma unroll 4
+    for (int id = tid; id < BN * CHUNKS; id += NT) {
+        const int rr = id / CHUNKS;
+        const int c = id - rr * CHUNKS;
+        const int j = j0 + rr;
+        const bool ok = j < Sk && c * 8 < D;
+        const T* src = ok ? base + (long long)j * s_s + c * 8 : base;
+        cp_async_16(dst + rr * PITCH + c * 8, src, ok ? 16 : 0);
+    }
+}
+
+#ifndef DEC_STAGES
+extern "C" __global__ void __launch_bounds__(NT)
+attn_fused_tc(NXRT_ATTN_FUSED_PARAMS(T)) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    // A launch with less shared memory than this build needs would write out of bounds.
+    if (dynamic_smem_bytes() < (unsigned)SMEM_BYTES) return;
+    T* Qs = reinterpret_cast<T*>(smem_raw);
+    T* Ks = Qs + BM * PITCH;          // [2][BN][PITCH]
+    T* Vs = Ks + 2 * BN * PITCH;      // [2][BN][PITCH]
+    // Per-row mask offsets (-1: none) and the f32 score tile [BM][SPITCH] of the general path.
+    long long* Moff = reinterpret_cast<long long*>(Vs + 2 * BN * PITCH);
+    float* Ss = reinterpret_cast<float*>(Moff + BM);
+    const bool has_mask = mask_planes > 0;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g = lane >> 2;   // accumulator row within the warp's 16 (and g + 8)
+    const int t4 = lane & 3;   // accumulator column pair
+
+    const Work w = decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
+    const T* kbase = k + w.b * k_sb + w.kvh * k_sh;
+    const T* vbase = v + w.b * v_sb + w.kvh * v_sh;
+    const float scale_log2 = scale * kLog2e;
+
+    // The two rows this thread accumulates.
+    Row rows[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+        rows[x] = make_row(w, w.r0 + warp * 16 + g + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss,
+                           o_sb, o_sh, o_ss, mask_planes);
+    const bool warp_active = w.r0 + warp * 16 < w.R;
+    for (int rr = tid; rr < BM; rr += NT)
+        Moff[rr] = make_row(w, w.r0 + rr, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss,
+                            mask_planes).m_off;
+    // Softcap or mask: the general logit transform (else scores only need scale*log2e).
+    const bool general = softcap > 0.f || has_mask;
+
+    float o[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_run[2] = {neg_inf(), neg_inf()};
+    float l_run[2] = {0.f, 0.f};  // this thread's share of the row sums (quad-reduced at the end)
+
+    if (w.t_beg < w.t_end) {
+        // Prologue: group 0 = Q tile + K tile 0, group 1 = V tile 0.
+        for (int id = tid; id < BM * CHUNKS; id += NT) {
+            const int rr = id / CHUNKS;
+            const int c = id - rr * CHUNKS;
+            const int r = w.r0 + rr;
+            const bool ok = r < w.R && c * 8 < D;
+            const T* src = q;
+            if (ok) {
+                const int i = r / w.G;
+                const int h = w.kvh * w.G + (r - i * w.G);
+                src = q + w.b * q_sb + h * q_sh + i * q_ss + c * 8;
+            }
+            cp_async_16(Qs + rr * PITCH + c * 8, src, ok ? 16 : 0);
+        }
+        load_kv_tile(Ks, kbase, k_ss, w.t_beg * BN, Sk, D, tid);
+        cp_async_commit();
+        load_kv_tile(Vs, vbase, v_ss, w.t_beg * BN, Sk, D, tid);
+        cp_async_commit();
+
+        unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
+        const T* q_ld = Qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * PITCH +
+                        (lane >> 4) * 8;
+
+        for (int t = w.t_beg; t < w.t_end; ++t) {
+            const int st = (t - w.t_beg) & 1;
+            const int kb = t * BN;
+            T* Kst = Ks + st * BN * PITCH;
+            T* Vst = Vs + st * BN * PITCH;
+
+            // K[t] (and Q) landed: all groups but the newest (V[t]) are complete.
+            cp_async_wait<1>();
+            __syncthreads();
+
+            float s[NS][4];
+#pragma unroll
+            for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            if (warp_active) {
+                if (Q_IN_REGS && t == w.t_beg) {
+#pragma unroll
+                    for (int ks = 0; ks < (Q_IN_REGS ? KSTEPS : 1); ++ks)
+                        ldmatrix_x4(qf[ks], q_ld + ks * 16);
+                }
+                // K fragments: matrices (keys n0..+7 | n0+8..+15) x (dims k0..+7 | k0+8..+15).
+                const T* k_ld = Kst + ((lane & 7) + (lane >> 4) * 8) * PITCH +
+                                ((lane >> 3) & 1) * 8;
+#pragma unroll
+                for (int ks = 0; ks < KSTEPS; ++ks) {
+                    unsigned a[4];
+                    if (Q_IN_REGS) {
+                        a[0] = qf[Q_IN_REGS ? ks : 0][0];
+                        a[1] = qf[Q_IN_REGS ? ks : 0][1];
+                        a[2] = qf[Q_IN_REGS ? ks : 0][2];
+                        a[3] = qf[Q_IN_REGS ? ks : 0][3];
+                    } else {
+                        ldmatrix_x4(a, q_ld + ks * 16);
+                    }
+#pragma unroll
+                    for (int np = 0; np < NS / 2; ++np) {
+                        unsigned kf[4];
+                        ldmatrix_x4(kf, k_ld + np * 16 * PITCH + ks * 16);
+                        mma_16816<T>(s[2 * np], a, kf[0], kf[1]);
+                        mma_16816<T>(s[2 * np + 1], a, kf[2], kf[3]);
+                    }
+                }
+            }
+
+            // K[t+1] into the other buffer: every warp finished reading it (K[t-1]) before
+            // the barrier above.
+            if (t + 1 < w.t_end)
+                load_kv_tile(Ks + (st ^ 1) * BN * PITCH, kbase, k_ss, kb + BN, Sk, D, tid);
+            cp_async_commit();
+
+            if (warp_active) {
+                const bool check = !tile_fully_visible(w, BM, kb, BN, Sq, Sk, causal, window);
+                float tmax[2] = {neg_inf(), neg_inf()};
+                if (!general && !check) {
+#pragma unroll
+                    for (int n = 0; n < NS; ++n) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            s[n][e] *= scale_log2;
+                            tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+                        }
+                    }
+                } else {
+                    // Through this warp's rows of Ss: fragment -> shared, one rolled loop over
+                    // 16 x BN elements (lanes along keys: coalesced mask reads), back.
+                    float* Sw = Ss + warp * 16 * SPITCH;
+#pragma unroll
+                    for (int n = 0; n < NS; ++n) {
+                        Sw[g * SPITCH + n * 8 + 2 * t4] = s[n][0];
+                        Sw[g * SPITCH + n * 8 + 2 * t4 + 1] = s[n][1];
+                        Sw[(g + 8) * SPITCH + n * 8 + 2 * t4] = s[n][2];
+                        Sw[(g + 8) * SPITCH + n * 8 + 2 * t4 + 1] = s[n][3];
+                    }
+                    __syncwarp();
+#pragma unroll 1
+                    for (int id = lane; id < 16 * BN; id += 32) {
+                        const int rr = id / BN;
+                        const int cc = id - rr * BN;
+                        const int j = kb + cc;
+                        const int r = w.r0 + warp * 16 + rr;
+                        const int p = Sk - Sq + r / w.G;
+                        float x = Sw[rr * SPITCH + cc] * scale;
+                        if (softcap > 0.f) x = softcap * fast_tanh(x / softcap);
+                        const long long moff = Moff[warp * 16 + rr];
+                        if (moff >= 0 && j < Sk) x += to_float(mask[moff + j]);
+                        x *= kLog2e;
+                        if (!visible(j, p, Sk, causal, window)) x = neg_inf();
+                        Sw[rr * SPITCH + cc] = x;
+                    }
+                    __syncwarp();
+#pragma unroll
+                    for (int n = 0; n < NS; ++n) {
+                        s[n][0] = Sw[g * SPITCH + n * 8 + 2 * t4];
+                        s[n][1] = Sw[g * SPITCH + n * 8 + 2 * t4 + 1];
+                        s[n][2] = Sw[(g + 8) * SPITCH + n * 8 + 2 * t4];
+                        s[n][3] = Sw[(g + 8) * SPITCH + n * 8 + 2 * t4 + 1];
+                        tmax[0] = fmaxf(tmax[0], fmaxf(s[n][0], s[n][1]));
+                        tmax[1] = fmaxf(tmax[1], fmaxf(s[n][2], s[n][3]));
+                    }
+                }
+                float alpha[2], m_use[2];
+#pragma unroll
+                for (int x = 0; x < 2; ++x) {
+                    tmax[x] = quad_max(tmax[x]);
+                    alpha[x] = online_rescale(m_run[x], tmax[x], m_use[x]);
+                    l_run[x] *= alpha[x];
+                }
+                exp_rows(s, m_use, l_run);
+                scale_rows(o, alpha);
+            }
+
+            // V[t] landed: the pending groups are V[t] and K[t+1]; wait for the older one.
+            cp_async_wait<1>();
+            __syncthreads();
+
+            if (warp_active) {
+                // V fragments (.trans): matrices (keys k0..+7 | k0+8..+15) x (dims n0 | n0+8).
+                const T* v_ld = Vst + ((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH +
+                                (lane >> 4) * 8;
+#pragma unroll
+                for (int kk = 0; kk < BN / 16; ++kk) {
+                    // P as the A operand: the S accumulators of n-tiles 2kk and 2kk+1.
+                    unsigned pa[4];
+                    pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+                    pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+                    pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+                    for (int dp = 0; dp < NO / 2; ++dp) {
+                        unsigned vf[4];
+                        ldmatrix_x4_trans(vf, v_ld + kk * 16 * PITCH + dp * 16);
+                        mma_16816<T>(o[2 * dp], pa, vf[0], vf[1]);
+                        mma_16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+                    }
+                }
+            }
+
+            // V[t+1] into the other buffer: every warp finished P V[t-1] before the barrier.
+            if (t + 1 < w.t_end)
+                load_kv_tile(Vs + (st ^ 1) * BN * PITCH, vbase, v_ss, kb + BN, Sk, D, tid);
+            cp_async_commit();
+        }
+        cp_async_wait<0>();
+    }
+
+    if (!warp_active) return;
+    float l_row[2];
+#pragma unroll
+    for (int x = 0; x < 2; ++x) l_row[x] = quad_sum(l_run[x]);
+
+    if (splits == 1) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            // A row that saw no visible key has l = 0 and o = 0: it gives zeros.
+            const float inv = l_row[x] > 0.f ? 1.f / l_row[x] : 0.f;
+            T* orow = out + rows[x].o_off;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const int c = n * 8 + 2 * t4;
+                if (c < D) store2(orow + c, o[n][2 * x] * inv, o[n][2 * x + 1] * inv);
+            }
+        }
+    } else {
+        const long long n_rows = (long long)B * H * Sq;
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            if (!rows[x].valid) continue;
+            const long long pr = (long long)w.split * n_rows + rows[x].orow;
+            float* po = ws_o + pr * D;
+#pragma unroll
+            for (int n = 0; n < NO; ++n) {
+                const int c = n * 8 + 2 * t4;
+                if (c < D) store2(po + c, o[n][2 * x], o[n][2 * x + 1]);
+            }
+            if (t4 == 0) {
+                ws_ml[2 * pr] = m_run[x];
+                ws_ml[2 * pr + 1] = l_row[x];
+            }
+        }
+    }
+}
+#endif  // !DEC_STAGES
+
+#ifdef DEC_STAGES
+// ------------------------------------------------------------------------------------------
+// attn_decode — single-kernel decode (packed rows G*Sq <= 16), compile-time DEC_STAGES and
+// NWARPS (BLOCK_N must be 16 * NWARPS). Decode moves K and V once and does ~4 FLOP per byte,
+// so what matters is bytes in flight and fixed costs, not the math:
+//   * CTA = one (batch, kv head) row tile of at most 16 packed rows (one mma row block) and
+//     one split of the key range; grid = (B*Hkv, splits), sized by the host to one wave.
+//   * Each tile has 16*NWARPS keys; warp w owns keys [16w, 16w+16) of every tile and keeps its
+//     own online softmax (max, sum, O in mma accumulators), so every warp loads and computes.
+//   * K and V tiles stream through a DEC_STAGES-deep ring of 16-byte cp.async (zero-fill past
+//     Sk and D): DEC_STAGES-1 tiles are in flight while one is computed; one barrier per tile.
+//   * End: the warps' states merge through shared memory (the ring, now idle) in fixed warp
+//     order. splits == 1: normalised output. splits > 1: the CTA writes its f32 partial
+//     (unnormalised O, max in log2 units, sum) to ws_o / ws_ml (the layout attn_combine
+//     reads), then arrives on counters[row tile]; the last of the `splits` CTAs merges every
+//     split's partial in fixed split order (bitwise the same whichever CTA comes last) and
+//     re-arms the counter to zero for the next launch. No atomics touch the math.
+// Logits: scale*log2e on the fast path; softcap, mask, causal and window per element (eight
+// elements per thread per tile: registers only).
+constexpr int STAGES = DEC_STAGES;
+constexpr int DNW = NWARPS;
+constexpr int DBN = 16 * NWARPS;   // keys per tile (16 per warp)
+constexpr int DNT = 32 * NWARPS;
+constexpr int DROWS = 16;          // packed rows per CTA
+constexpr int DEC_MAX_SPLITS = 64;  // the host clamps splits to this (weights in shared memory)
+constexpr int OPITCH = DP + 8;     // f32 pitch of the per-warp O rows in the merge
+constexpr int DEC_STAGE_ELEMS = 2 * DBN * PITCH;  // K then V of one tile
+constexpr int DEC_Q_BYTES = DROWS * PITCH * 2;
+constexpr int DEC_RING_BYTES = STAGES * DEC_STAGE_ELEMS * 2;
+constexpr int DEC_SMEM_BYTES = DEC_Q_BYTES + DEC_RING_BYTES;
+constexpr int WPITCH = DEC_MAX_SPLITS + 1;  // per-row split weights, then the row sum
+constexpr int DEC_MERGE_FLOATS = DNW * DROWS * OPITCH + 2 * DNW * DROWS + DROWS * WPITCH;
+constexpr int DEC_LOADS = DBN * CHUNKS / DNT;  // 16-byte K (and V) chunks per thread per tile
+
+static_assert(BLOCK_N == DBN, "the decode build needs BLOCK_N == 16 * NWARPS");
+static_assert(STAGES >= 2 && STAGES <= 8, "DEC_STAGES must be in [2, 8]");
+static_assert(DBN * CHUNKS % DNT == 0, "every thread issues the same number of copies");
+static_assert(DEC_Q_BYTES % 16 == 0, "the ring must start 16-byte aligned");
+static_assert(DEC_MERGE_FLOATS * 4 <= DEC_RING_BYTES, "the merge scratch must fit in the ring");
+
+// cp.async of tile keys [j0, j0 + DBN) of K and V into one ring stage (K rows, then V rows).
+__device__ __forceinline__ void dec_load_tile(T* dst, const T* __restrict__ kbase,
+                                              const T* __restrict__ vbase, long long k_ss,
+                                              long long v_ss, int j0, int Sk, int D, int tid) {
+    T* kd = dst;
+    T* vd = dst + DBN * PITCH;
+#pragma unroll
+    for (int it = 0; it < DEC_LOADS; ++it) {
+        const int id = tid + it * DNT;
+        const int rr = id / CHUNKS;
+        const int c = id - rr * CHUNKS;
+        const int j = j0 + rr;
+        const bool ok = j < Sk && c * 8 < D;
+        const T* ks = ok ? kbase + (long long)j * k_ss + c * 8 : kbase;
+        const T* vs = ok ? vbase + (long long)j * v_ss + c * 8 : vbase;
+        cp_async_16(kd + rr * PITCH + c * 8, ks, ok ? 16 : 0);
+        cp_async_16(vd + rr * PITCH + c * 8, vs, ok ? 16 : 0);
+    }
+}
+
+// Four consecutive elements (8-byte aligned for 16-bit T).
+__device__ __forceinline__ void dec_store4(T* p, float a, float b, float c, float d) {
+    uint2 u;
+    u.x = pack2<T>(a, b);
+    u.y = pack2<T>(c, d);
+    *reinterpret_cast<uint2*>(p) = u;
+}
+
+extern "C" __global__ void __launch_bounds__(DNT)
+attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    __shared__ long long s_orow[DROWS];  // output row (b*H + h)*Sq + i of each packed row
+    __shared__ long long s_ooff[DROWS];  // its element offset in the output
+    __shared__ int s_last;
+    // Launch mistakes the host never makes (uniform: the whole grid leaves): too little
+    // shared memory, more splits than the weight table holds, no counters to merge with,
+    // more rows than one mma row block.
+    if (dynamic_smem_bytes() < (unsigned)DEC_SMEM_BYTES) return;
+    if (splits < 1 || splits > DEC_MAX_SPLITS || (splits > 1 && counters == nullptr)) return;
+    if (row_tiles != 1 || (long long)(H / Hkv) * Sq > DROWS) return;
+
+    T* Qs = reinterpret_cast<T*>(smem_raw);  // [DROWS][PITCH]
+    T* ring = Qs + DROWS * PITCH;            // [STAGES][K | V][DBN][PITCH]
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g = lane >> 2;
+    const int t4 = lane & 3;
+
+    const Work w = decode_work(DROWS, DBN, B, H, Hkv, Sq, Sk, causal, window, 1, splits);
+    const T* kbase = k + w.b * k_sb + w.kvh * k_sh;
+    const T* vbase = v + w.b * v_sb + w.kvh * v_sh;
+    const float scale_log2 = scale * kLog2e;
+    const bool general = softcap > 0.f || mask_planes > 0;
+
+    Row rows[2];  // accumulator rows g and g + 8 (mask offset, position)
+#pragma unroll
+    for (int x = 0; x < 2; ++x)
+        rows[x] = make_row(w, g + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss,
+                           mask_planes);
+    if (tid < DROWS) {
+        const Row r = make_row(w, tid, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh, o_ss, 0);
+        s_orow[tid] = r.orow;
+        s_ooff[tid] = r.o_off;
+    }
+
+    float o[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m_run[2] = {neg_inf(), neg_inf()};
+    float l_run[2] = {0.f, 0.f};
+
+    const int n_t = w.t_end - w.t_beg;  // tiles of this split (<= 0: none)
+    if (n_t > 0) {
+        // Prologue: group 0 = Q + tile 0, then tiles 1 .. STAGES-2 (empty groups past the end
+        // keep the group count uniform).
+        for (int id = tid; id < DROWS * CHUNKS; id += DNT) {
+            const int rr = id / CHUNKS;
+            const int c = id - rr * CHUNKS;
+            const bool ok = rr < w.R && c * 8 < D;
+            const T* src = q;
+            if (ok) {
+                const int i = rr / w.G;
+                const int h = w.kvh * w.G + (rr - i * w.G);
+                src = q + w.b * q_sb + h * q_sh + i * q_ss + c * 8;
+            }
+            cp_async_16(Qs + rr * PITCH + c * 8, src, ok ? 16 : 0);
+        }
+#pragma unroll
+        for (int s = 0; s < STAGES - 1; ++s) {
+            if (s < n_t)
+                dec_load_tile(ring + s * DEC_STAGE_ELEMS, kbase, vbase, k_ss, v_ss,
+                              (w.t_beg + s) * DBN, Sk, D, tid);
+            cp_async_commit();
+        }
+
+        unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
+        const T* q_ld = Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH + (lane >> 4) * 8;
+
+        for (int i = 0; i < n_t; ++i) {
+            // Tile i landed (groups 0..i complete; STAGES-2 newer ones may be pending), and
+            // after the barrier every warp has finished tile i-1, whose stage is refilled next.
+            cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            if (i + STAGES - 1 < n_t)
+                dec_load_tile(ring + ((i + STAGES - 1) % STAGES) * DEC_STAGE_ELEMS, kbase,
+                              vbase, k_ss, v_ss, (w.t_beg + i + STAGES - 1) * DBN, Sk, D, tid);
+            cp_async_commit();
+
+            if (Q_IN_REGS && i == 0) {
+#pragma unroll
+                for (int ks = 0; ks < (Q_IN_REGS ? KSTEPS : 1); ++ks)
+                    ldmatrix_x4(qf[ks], q_ld + ks * 16);
+            }
+            const T* Kw = ring + (i % STAGES) * DEC_STAGE_ELEMS + warp * 16 * PITCH;
+            const T* Vw = Kw + DBN * PITCH;
+            const int kb = (w.t_beg + i) * DBN;  // the tile's first key
+            const int kw = kb + warp * 16;       // this warp's first key
+
+            // S = Q Kᵀ for 16 rows x this warp's 16 keys (two n8 tiles).
+            float s[2][4];
+#pragma unroll
+            for (int n = 0; n < 2; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            const T* k_ld = Kw + ((lane & 7) + (lane >> 4) * 8) * PITCH + ((lane >> 3) & 1) * 8;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks) {
+                unsigned a[4];
+                if (Q_IN_REGS) {
+                    a[0] = qf[Q_IN_REGS ? ks : 0][0];
+                    a[1] = qf[Q_IN_REGS ? ks : 0][1];
+                    a[2] = qf[Q_IN_REGS ? ks : 0][2];
+                    a[3] = qf[Q_IN_REGS ? ks : 0][3];
+                } else {
+                    ldmatrix_x4(a, q_ld + ks * 16);
+                }
+                unsigned kf[4];
+                ldmatrix_x4(kf, k_ld + ks * 16);
+                mma_16816<T>(s[0], a, kf[0], kf[1]);
+                mma_16816<T>(s[1], a, kf[2], kf[3]);
+            }
+
+            // Logits (log2 units) and the online softmax of rows g, g + 8.
+            const bool check = !tile_fully_visible(w, DROWS, kb, DBN, Sq, Sk, causal, window);
+            float tmax[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int x = e >> 1;
+                    const int j = kw + n * 8 + 2 * t4 + (e & 1);
+                    float val;
+                    if (general) {
+                        val = s[n][e] * scale;
+                        if (softcap > 0.f) val = softcap * fast_tanh(val / softcap);
+                        if (rows[x].m_off >= 0 && j < Sk) val += to_float(mask[rows[x].m_off + j]);
+                        val *= kLog2e;
+                    } else {
+                        val = s[n][e] * scale_log2;
+                    }
+                    if (check && !visible(j, rows[x].p, Sk, causal, window)) val = neg_inf();
+                    s[n][e] = val;
+                    tmax[x] = fmaxf(tmax[x], val);
+                }
+            }
+            float alpha[2], m_use[2];
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                tmax[x] = quad_max(tmax[x]);
+                alpha[x] = online_rescale(m_run[x], tmax[x], m_use[x]);
+                l_run[x] *= alpha[x];
+            }
+            exp_rows(s, m_use, l_run);
+            scale_rows(o, alpha);
+
+            // O += P V: P (16 rows x 16 keys) from the S accumulators as the A operand.
+            unsigned pa[4];
+            pa[0] = pack2<T>(s[0][0], s[0][1]);
+            pa[1] = pack2<T>(s[0][2], s[0][3]);
+            pa[2] = pack2<T>(s[1][0], s[1][1]);
+            pa[3] = pack2<T>(s[1][2], s[1][3]);
+            const T* v_ld = Vw + ((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH + (lane >> 4) * 8;
+#pragma unroll
+            for (int dp = 0; dp < NO / 2; ++dp) {
+                unsigned vf[4];
+                ldmatrix_x4_trans(vf, v_ld + dp * 16);
+                mma_16816<T>(o[2 * dp], pa, vf[0], vf[1]);
+                mma_16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
+            }
+        }
+        cp_async_wait<0>();  // only empty groups remain; nothing may still write the ring
+    }
+    __syncthreads();  // every warp is done with the ring: it becomes the merge scratch
+
+    float* Om = reinterpret_cast<float*>(ring);  // [DNW][DROWS][OPITCH]
+    float* Mw = Om + DNW * DROWS * OPITCH;       // [DNW][DROWS] running max (log2 units)
+    float* Lw = Mw + DNW * DROWS;                // [DNW][DROWS] row sums
+    float* Wt = Lw + DNW * DROWS;                // [DROWS][WPITCH] split weights, row sum
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        const int r = g + 8 * x;
+        const float l_row = quad_sum(l_run[x]);
+        float* orow = Om + (warp * DROWS + r) * OPITCH;
+#pragma unroll
+        for (int n = 0; n < NO; ++n)
+            *reinterpret_cast<float2*>(orow + n * 8 + 2 * t4) =
+                make_float2(o[n][2 * x], o[n][2 * x + 1]);
+        if (t4 == 0) {
+            Mw[warp * DROWS + r] = m_run[x];  // quad-uniform (tmax was quad-reduced)
+            Lw[warp * DROWS + r] = l_row;
+        }
+    }
+    __syncthreads();
+
+    // This CTA's result per (row, 4 columns): merge the warps in fixed order.
+    const int R = w.R;
+    const int D4 = D >> 2;  // D % 8 == 0 (host-checked)
+    const long long n_rows = (long long)B * H * Sq;
+    for (int idx = tid; idx < R * D4; idx += DNT) {
+        const int r = idx / D4;
+        const int c = (idx - r * D4) * 4;
+        float M = neg_inf();
+#pragma unroll
+        for (int wi = 0; wi < DNW; ++wi) M = fmaxf(M, Mw[wi * DROWS + r]);
+        float L = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int wi = 0; wi < DNW; ++wi) {
+            const float mw = Mw[wi * DROWS + r];
+            if (mw == neg_inf()) continue;  // that warp saw no visible key (o = 0, l = 0)
+            const float a = exp2f(mw - M);
+            L += a * Lw[wi * DROWS + r];
+            const float4 ov = *reinterpret_cast<const float4*>(Om + (wi * DROWS + r) * OPITCH + c);
+            acc.x += a * ov.x;
+            acc.y += a * ov.y;
+            acc.z += a * ov.z;
+            acc.w += a * ov.w;
+        }
+        if (splits == 1) {
+            // A row that saw no visible key has L = 0 and acc = 0: it gives zeros.
+            const float inv = L > 0.f ? 1.f / L : 0.f;
+            dec_store4(out + s_ooff[r] + c, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        } else {
+            const long long pr = (long long)w.split * n_rows + s_orow[r];
+            *reinterpret_cast<float4*>(ws_o + pr * D + c) = acc;
+            if (c == 0) {
+                ws_ml[2 * pr] = M;
+                ws_ml[2 * pr + 1] = L;
+            }
+        }
+    }
+    if (splits == 1) return;
+
+    // Arrive; the last CTA of this row tile merges every split (index_share_mma.cu pattern).
+    __threadfence();  // this thread's partial stores, device-wide, before the arrival below
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
+        s_last = atomicAdd(counters + blockIdx.x, 1u) == (unsigned)(splits - 1);
+    }
+    __syncthreads();
+    if (!s_last) return;  // uniform: the whole CTA leaves
+    __threadfence();
+
+    for (int r = tid; r < R; r += DNT) {
+        const float* ml = ws_ml + 2 * s_orow[r];
+        float M = neg_inf();
+        for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(ml + 2 * (s * n_rows)));
+        float L = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            float a = 0.f;
+            const float ms = __ldcg(ml + 2 * (s * n_rows));
+            if (ms != neg_inf()) {  // all -inf: L = 0, the row gives zeros
+                a = exp2f(ms - M);
+                L += a * __ldcg(ml + 2 * (s * n_rows) + 1);
+            }
+            Wt[r * WPITCH + s] = a;
+        }
+        Wt[r * WPITCH + DEC_MAX_SPLITS] = L;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < R * D4; idx += DNT) {
+        const int r = idx / D4;
+        const int c = (idx - r * D4) * 4;
+        const float* wr = Wt + r * WPITCH;
+        const float* po = ws_o + s_orow[r] * D + c;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int s = 0; s < splits; ++s) {
+            const float a = wr[s];
+            if (a == 0.f) continue;  // an empty split (or one that underflows): adds nothing
+            const float4 ov = __ldcg(reinterpret_cast<const float4*>(po + s * n_rows * D));
+            acc.x += a * ov.x;
+            acc.y += a * ov.y;
+            acc.z += a * ov.z;
+            acc.w += a * ov.w;
+        }
+        const float L = wr[DEC_MAX_SPLITS];
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        dec_store4(out + s_ooff[r] + c, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    }
+    if (tid == 0) counters[blockIdx.x] = 0u;  // re-armed: the next launch (stream order) starts at 0
+}
+#endif  // DEC_STAGES

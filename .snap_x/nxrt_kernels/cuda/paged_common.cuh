@@ -1,0 +1,258 @@
+// Helpers shared by the PagedAttention (LATENT / MLA) kernels: element types, the
+// tensor-core wrappers (ldmatrix, mma.sync m16n8k16, cp.async), sequence lookup and RoPE.
+// Everything here is sm_80+; nothing needs sm_90a.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+// Latch bits (nxrt.latch): a slot_mapping / block_table entry outside the cache, and a
+// token position outside the cos/sin cache (see paged_attention.py).
+#define PA_LATCH_SLOT 1024u
+#define PA_LATCH_BLOCK 2048u
+#define PA_LATCH_POSITION 4096u
+
+#define PA_NEG_INF __int_as_float(0xff800000)
+#define PA_LOG2E 1.4426950408889634f
+
+namespace pa {
+
+template <typename T> struct Num;
+
+template <> struct Num<__half> {
+  static __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+  static __device__ __forceinline__ __half from_f(float x) { return __float2half_rn(x); }
+  // Two floats rounded and packed little-end-first (a in the low half), as mma wants them.
+  static __device__ __forceinline__ unsigned pack2(float a, float b) {
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+};
+
+template <> struct Num<__nv_bfloat16> {
+  static __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+  static __device__ __forceinline__ __nv_bfloat16 from_f(float x) { return __float2bfloat16_rn(x); }
+  static __device__ __forceinline__ unsigned pack2(float a, float b) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<unsigned*>(&h);
+  }
+};
+
+// D = A(16x16, row) * B(16x8, col) + D with f32 accumulation.
+template <typename T> struct Mma;
+
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                             unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                             unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x2(unsigned& r0, unsigned& r1, unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 16-byte global->shared copy; src_bytes == 0 writes zeros and reads nothing (the source
+// address must still be a valid pointer, so callers pass a known-good base then).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(r));
+  return r;
+}
+
+// The sequence that owns global token t: the largest b in [0, B) with cu[b] <= t, accepted
+// only if t < cu[b + 1]; -1 when none does. For a well-formed cu (non-decreasing, cu[0] = 0,
+// cu[B] = T) this is the unique sequence whose token range holds t (empty sequences are
+// skipped). Reads only cu[0..B], so a malformed cu can never index out of bounds.
+__device__ __forceinline__ int locate_seq(const int* __restrict__ cu, int B, long long t) {
+  int lo = 0, hi = B - 1, ans = -1;
+  while (lo <= hi) {
+    const int mid = (lo + hi) >> 1;
+    if ((long long)cu[mid] <= t) {
+      ans = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  if (ans >= 0 && t >= (long long)cu[ans + 1]) ans = -1;
+  return ans;
+}
+
+__device__ __forceinline__ long long floor_div(long long a, long long b) {
+  return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+// Row setup shared by the MLA read kernels (paged_mla.cu, paged_mla_wg.cu). A CTA owns row
+// block x: M (token, head) rows of ONE sequence, token-major. Sequence b owns row blocks
+// [G(b), G(b+1)), G(b) = floor(cu[b] * H / M) + (H % M ? b : 0), which always holds its
+// ceil(q_len * H / M) blocks, so no host readback is needed; surplus CTAs get -1.
+// Fills sRowP (last key a row sees, -1: none), sRowLo (first key), sRowOut (t * H + h, or -1)
+// for the M rows, and the CTA's key range [key_lo, key_hi] (empty: key_hi < key_lo).
+// Every thread of the CTA must call it (it has barriers); needs blockDim.x >= M.
+// Returns the sequence, or -1 for a surplus CTA (the same value in every thread).
+template <int M>
+__device__ int mla_rows(const int* __restrict__ cu, const int* __restrict__ past,
+                        unsigned* __restrict__ latch, int n_tokens, int H, int B, int x,
+                        int max_blocks, int block_size, int max_pos, int do_rotary, int window,
+                        int* sMisc, int* sRowP, int* sRowLo, int* sRowOut, int& key_lo,
+                        int& key_hi) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int extra = (H % M) ? 1 : 0;
+  // Which sequence owns row block x (every thread tests a few b in parallel).
+  if (tid == 0) sMisc[0] = -1;
+  __syncthreads();
+  for (int base = 0; base < B; base += blockDim.x) {
+    const int b = base + tid;
+    if (b < B) {
+      const long long c0 = cu[b], c1 = cu[b + 1];
+      if (c0 >= 0 && c0 <= c1 && c1 <= n_tokens) {
+        const long long g0 = floor_div(c0 * H, M) + (long long)extra * b;
+        const long long g1 = floor_div(c1 * H, M) + (long long)extra * (b + 1);
+        if (g0 <= x && x < g1) atomicMax(&sMisc[0], b);
+      }
+    }
+  }
+  __syncthreads();
+  const int b = sMisc[0];
+  if (b < 0) return -1;  // surplus CTA (uniform)
+  const int c0 = cu[b];
+  const long long q_rows = (long long)(cu[b + 1] - c0) * H;
+  const long long local_block = x - (floor_div((long long)c0 * H, M) + (long long)extra * b);
+  const int past_b = past[b];
+  // Per-row token, position and key range.
+  if (tid < M) {
+    const long long R = local_block * M + tid;
+    int p = -1, lo = 0, orow = -1;
+    if (R < q_rows) {
+      const int tq_ = (int)(R / H), h = (int)(R % H);
+      orow = (c0 + tq_) * H + h;
+      const long long pos = (long long)past_b + tq_;
+      if (do_rotary && (pos < 0 || pos >= max_pos)) {
+        atomicOr(latch, PA_LATCH_POSITION);
+      } else if (pos >= 0) {
+        // Keys past the table (j >= max_blocks * block_size) can only latch; stopping at the
+        // first of them keeps every key index far from int overflow.
+        p = (int)min(pos, (long long)max_blocks * block_size);
+        lo = window >= 0 ? max(0, p - window) : 0;
+      }
+    }
+    sRowP[tid] = p;
+    sRowLo[tid] = lo;
+    sRowOut[tid] = orow;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    // Key range of the CTA: union of the rows' [lo, p].
+    int klo = 0x7fffffff, khi = -1;
+    for (int r = lane; r < M; r += 32) {
+      if (sRowP[r] >= sRowLo[r]) {
+        klo = min(klo, sRowLo[r]);
+        khi = max(khi, sRowP[r]);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      klo = min(klo, __shfl_xor_sync(0xffffffffu, klo, o));
+      khi = max(khi, __shfl_xor_sync(0xffffffffu, khi, o));
+    }
+    if (lane == 0) {
+      sMisc[1] = klo;
+      sMisc[2] = khi;
+    }
+  }
+  __syncthreads();
+  key_lo = sMisc[1];
+  key_hi = sMisc[2];
+  return b;
+}
+
+// Tiles [tile_begin, tile_begin + n_tiles) of BN keys that split `split` of `num_splits`
+// covers in the key range [key_lo, key_hi] (n_tiles = 0: none).
+__device__ __forceinline__ void split_tiles(int key_lo, int key_hi, int bn, int split,
+                                            int num_splits, int& tile_begin, int& n_tiles) {
+  tile_begin = 0;
+  n_tiles = 0;
+  if (key_hi >= key_lo) {
+    const int t_lo = key_lo / bn, t_hi = key_hi / bn;
+    const int chunk = (t_hi - t_lo + 1 + num_splits - 1) / num_splits;
+    tile_begin = t_lo + split * chunk;
+    n_tiles = max(0, min(tile_begin + chunk, t_hi + 1) - tile_begin);
+  }
+}
+
+// Channel d of a head row (x points at the row) after partial RoPE at absolute position pos;
+// channels outside [off, off + rd) pass through. Half-split pairs (i, i + rd/2), interleaved
+// pairs (2i, 2i + 1); the first of a pair gets x*c - partner*s, the second x*c + partner*s.
+// pos must already be in [0, max_pos).
+template <typename T>
+__device__ __forceinline__ float rope_channel(const T* __restrict__ x, int d, int off, int rd,
+                                              long long pos, const T* __restrict__ cos_c,
+                                              const T* __restrict__ sin_c, int interleaved) {
+  const float v = Num<T>::to_f(x[d]);
+  if (d < off || d >= off + rd) return v;
+  const int half = rd >> 1;
+  const int r = d - off;
+  int i, partner;
+  float sign;
+  if (interleaved) {
+    i = r >> 1;
+    if ((r & 1) == 0) { partner = d + 1; sign = -1.0f; }
+    else { partner = d - 1; sign = 1.0f; }
+  } else if (r < half) {
+    i = r; partner = d + half; sign = -1.0f;
+  } else {
+    i = r - half; partner = d - half; sign = 1.0f;
+  }
+  const float c = Num<T>::to_f(cos_c[pos * half + i]);
+  const float s = Num<T>::to_f(sin_c[pos * half + i]);
+  return v * c + sign * Num<T>::to_f(x[partner]) * s;
+}
+
+}  // namespace pa

@@ -1,0 +1,548 @@
+"""Fuzzing ``pkg.nxrt::Attention``: random valid and invalid nodes and inputs (hypothesis).
+
+CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRuntime`, which
+hands out fake pointers and records launches without running them.
+
+- Valid cases are claimed (``unsupported_reason`` is None), plan and execute, and every
+  launch is one the driver would take (grid, block, shared memory, argument kinds, pointers
+  inside known tensors); nothing stays allocated.
+- Invalid cases (one mutation of a valid case: a wrong rank or dim, a mismatched dtype, an
+  absent required input, an out-of-range attribute, a non-unit head_dim stride, ...) raise
+  ``KernelError``, ``Unsupported`` or ``ValueError`` and launch nothing.
+- Oversized cases (one dim at or past 2**16 / 2**31 / 2**32) are refused by planning
+  (``workspace_requirement`` or earlier) or run with legal launches; never an
+  ``OverflowError`` or a refusal that only ``execute`` notices.
+
+GPU half (``TestDevice``, marked gpu): random valid cases on the device against
+``nxrt_kernels.reference`` (bounded: head dims 24/64, small shapes).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from nxrt.errors import KernelError, Unsupported
+from nxrt_kernels.attention import AttentionFactory
+from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
+
+F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
+TYPED = (KernelError, Unsupported, ValueError)
+
+
+# --------------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class Spec:
+    """One Attention call, described without memory: sizes, attributes, layouts, path."""
+
+    dtype: DataType
+    B: int
+    H: int
+    Hkv: int
+    Sq: int
+    Sk: int
+    D: int
+    attrs: tuple  # sorted (name, value) pairs
+    planes: int  # mask planes: 0 (no mask), 1, B or B*H
+    mask_style: str  # "3d" [planes, Sq, Sk] | "4d" [b, h, Sq, Sk]
+    layouts: tuple[str, str, str, str]  # Q, K, V, O: contig | bshd | pad8 | pad3
+    path: str
+    num_splits: int | None
+    use_ws: bool
+    seed: int = 0
+
+    @property
+    def node(self) -> Node:
+        names = ["q", "k", "v"] + (["mask"] if self.planes else [])
+        return Node("Attention", "pkg.nxrt", dict(self.attrs), names, ["o"])
+
+    def shape(self, i: int) -> tuple[int, ...]:
+        if i in (0, 3):
+            return (self.B, self.H, self.Sq, self.D)
+        return (self.B, self.Hkv, self.Sk, self.D)
+
+    def mask_shape(self) -> tuple[int, ...]:
+        p = self.planes
+        if self.mask_style == "3d":
+            return (p, self.Sq, self.Sk)
+        if p == self.B * self.H:
+            lead = (self.B, self.H)
+        elif p == self.B:
+            lead = (self.B, 1)
+        else:
+            lead = (1, 1)
+        return (*lead, self.Sq, self.Sk)
+
+
+def layout_strides(shape: tuple[int, ...], layout: str) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """(storage shape, strides of the logical [B, X, S, D] view; None when contiguous)."""
+    B, X, S, D = shape
+    if layout == "bshd":  # memory [B, S, X, D]
+        return (B, S, X, D), (S * X * D, D, X * D, 1)
+    if layout.startswith("pad"):
+        P = D + int(layout[3:])
+        return (B, X, S, P), (X * S * P, S * P, P, 1)
+    return shape, None
+
+
+def to_storage(a: np.ndarray, layout: str) -> np.ndarray:
+    if layout == "bshd":
+        return np.ascontiguousarray(a.transpose(0, 2, 1, 3))
+    if layout.startswith("pad"):
+        pad = int(layout[3:])
+        filler = np.full(a.shape[:3] + (pad,), 7, dtype=a.dtype)  # never read
+        return np.ascontiguousarray(np.concatenate([a, filler], axis=-1))
+    return np.ascontiguousarray(a)
+
+
+def from_storage(s: np.ndarray, layout: str, D: int) -> np.ndarray:
+    if layout == "bshd":
+        return s.transpose(0, 2, 1, 3)
+    if layout.startswith("pad"):
+        return s[..., :D]
+    return s
+
+
+@st.composite
+def specs(draw: Any, gpu: bool = False) -> Spec:
+    dtype = draw(st.sampled_from([F32, F16, BF16]))
+    Hkv = draw(st.integers(1, 3))
+    G = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    B = draw(st.integers(1, 3 if gpu else 4))
+    if gpu:
+        Sq, Sk = draw(st.integers(1, 40)), draw(st.integers(0, 150))
+        D = draw(st.sampled_from([24, 64]))
+    else:
+        Sq, Sk = draw(st.integers(0, 300)), draw(st.integers(0, 3000))
+        D = draw(st.sampled_from([1, 8, 20, 40, 64, 72, 80, 96, 128, 136, 256, 257, 300])
+                 | st.integers(1, 400))
+    H = Hkv * G
+    attrs: dict[str, Any] = {"num_heads": H}
+    if G > 1 or draw(st.booleans()):
+        attrs["kv_num_heads"] = Hkv
+    if draw(st.booleans()):
+        attrs["causal"] = draw(st.integers(0, 1))
+    if draw(st.booleans()):
+        attrs["scale"] = draw(st.floats(0.01, 4.0))
+    softcap = draw(st.sampled_from([None, 0.0, "on"]))
+    if softcap is not None:
+        attrs["softcap"] = draw(st.floats(1.0, 50.0)) if softcap == "on" else 0.0
+    window = draw(st.sampled_from([None, -1, "on"]))
+    if window is not None:
+        attrs["local_window_size"] = draw(st.integers(0, Sk + 4)) if window == "on" else -1
+    planes = draw(st.sampled_from(sorted({0, 1, B, B * H})))
+    style = draw(st.sampled_from(["3d", "4d"]))
+    lay = st.sampled_from(["contig", "contig", "bshd", "pad8", "pad3"])
+    layouts = (draw(lay), draw(lay), draw(lay), draw(lay))
+    path = draw(st.sampled_from(["auto", "auto", "fused", "simt", "unfused"]))
+    if D > 256 and path in ("fused", "simt"):
+        path = "auto"
+    splits = draw(st.sampled_from([None, None, 1, 2, 3, 5]))
+    return Spec(dtype, B, H, Hkv, Sq, Sk, D, tuple(sorted(attrs.items())), planes, style,
+                layouts, path, splits, draw(st.booleans()), draw(st.integers(0, 2**32 - 1)))
+
+
+# --------------------------------------------------------------------------- CPU cases
+def build(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
+    """Fake views for a spec: node, inputs, outputs, factory kwargs."""
+    ins = []
+    for i in range(3):
+        _, strides = layout_strides(s.shape(i), s.layouts[i])
+        ins.append(rt.view(s.shape(i), s.dtype, strides))
+    if s.planes:
+        ins.append(rt.view(s.mask_shape(), s.dtype))
+    _, ost = layout_strides(s.shape(3), s.layouts[3])
+    out = rt.view(s.shape(3), s.dtype, ost, mut=True)
+    kw: dict[str, Any] = {"path": s.path}
+    if s.num_splits is not None:
+        kw["num_splits"] = s.num_splits
+    return SimpleNamespace(node=s.node, inputs=ins, outputs=[out], kw=kw, use_ws=s.use_ws,
+                           empty=s.B * s.H * s.Sq * s.D == 0)
+
+
+def _absent(t: Any) -> bool:
+    return t is None or getattr(t, "absent", False)
+
+
+def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
+    """Factory -> create -> workspace_requirement -> execute, as an executor would.
+
+    Returns the stage that refused (and the error), or (None, None).
+    """
+    stage = "create"
+    try:
+        fac = AttentionFactory(rt, **case.kw)
+        kern = fac.create(case.node, [None if _absent(t) else t.shape for t in case.inputs])
+        stage = "workspace"
+        req = kern.workspace_requirement([None if _absent(t) else t.meta for t in case.inputs])
+        ws = None
+        if req.nbytes and case.use_ws:
+            ws = WorkspaceView(rt.address(req.nbytes), req.nbytes)
+        stage = "execute"
+        kern.execute(case.inputs, case.outputs, ws)
+    except TYPED as exc:
+        return stage, exc
+    return None, None
+
+
+def claim(rt: FakeRuntime, case: SimpleNamespace) -> str | None:
+    return AttentionFactory(rt).unsupported_reason(
+        case.node, [None if _absent(t) else t.shape for t in case.inputs],
+        [None if _absent(t) else t.dtype for t in case.inputs])
+
+
+def with_shape(t: TensorView, shape: tuple[int, ...]) -> TensorView:
+    return type(t)(t.ptr, t.dtype, shape)
+
+
+def with_dtype(t: TensorView, dtype: DataType) -> TensorView:
+    return type(t)(t.ptr, dtype, t.shape, t.strides)
+
+
+# Each mutation breaks exactly one rule of a valid case; it returns its kind:
+# "attr" (refused at claim time too) or "input" (refused by the kernel).
+def _m_attr(name: str, values: list, label: str = "") -> Any:
+    def f(case: SimpleNamespace, data: Any, s: Spec) -> str:
+        v = data.draw(st.sampled_from(values), label=name)
+        if v is _DROP:
+            case.node.attributes.pop(name, None)
+        else:
+            case.node.attributes[name] = v
+        return "attr"
+    f.__name__ = f"attr_{name}{label}"
+    return f
+
+
+_DROP = object()
+
+
+def _m_kv_not_divisor(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    case.node.attributes["kv_num_heads"] = s.H + 1
+    return "attr"
+
+
+def _m_rank(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = data.draw(st.integers(0, 2), label="input")
+    t = case.inputs[i]
+    shape = data.draw(st.sampled_from([t.shape[:3], t.shape + (1,), t.shape[1:]]), label="shape")
+    case.inputs[i] = with_shape(t, shape)
+    return "input"
+
+
+def _m_dim(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    which = data.draw(st.sampled_from(["q_heads", "k_batch", "k_heads", "k_dim", "v_len", "v_dim",
+                                       "out_shape"]), label="dim")
+    q, k, v = case.inputs[:3]
+    if which == "q_heads":
+        case.inputs[0] = with_shape(q, (s.B, s.H + 1, s.Sq, s.D))
+    elif which == "k_batch":
+        case.inputs[1] = with_shape(k, (s.B + 1, s.Hkv, s.Sk, s.D))
+        case.inputs[2] = with_shape(v, (s.B + 1, s.Hkv, s.Sk, s.D))
+    elif which == "k_heads":
+        case.inputs[1] = with_shape(k, (s.B, s.Hkv + 1, s.Sk, s.D))
+        case.inputs[2] = with_shape(v, (s.B, s.Hkv + 1, s.Sk, s.D))
+    elif which == "k_dim":
+        case.inputs[1] = with_shape(k, (s.B, s.Hkv, s.Sk, s.D + 1))
+    elif which == "v_len":
+        case.inputs[2] = with_shape(v, (s.B, s.Hkv, s.Sk + 1, s.D))
+    elif which == "v_dim":
+        case.inputs[2] = with_shape(v, (s.B, s.Hkv, s.Sk, s.D + 8))
+    else:
+        o = case.outputs[0]
+        bad = data.draw(st.sampled_from([(s.B, s.H, s.Sq + 1, s.D), (s.B, s.H, s.Sq, s.D + 1),
+                                         (s.B, s.H * s.Sq * s.D)]), label="out")
+        case.outputs[0] = with_shape(o, bad)
+    return "input"
+
+
+def _m_mask_size(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    n = s.Sq * s.Sk
+    bad = [(2 * s.B * s.H + 1, s.Sq, s.Sk)] if n else [(1, 1, 1)]
+    if n and s.B > 2:
+        bad.append((s.B - 1, s.Sq, s.Sk))
+    if n > 1:
+        bad.append((1, n - 1))
+    shape = data.draw(st.sampled_from(bad), label="mask")
+    case.node.inputs = ["q", "k", "v", "mask"]
+    mask = case.inputs[3] if len(case.inputs) > 3 else None
+    if mask is None:
+        case.inputs.append(TensorView(case.inputs[0].ptr, s.dtype, shape))
+    else:
+        case.inputs[3] = with_shape(mask, shape)
+    return "input"
+
+
+def _m_q_dtype(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    dt = data.draw(st.sampled_from([DataType.INT32, DataType.DOUBLE, DataType.INT64, DataType.UINT8,
+                                    DataType.BOOL]), label="dtype")
+    case.inputs[0] = with_dtype(case.inputs[0], dt)
+    return "input"
+
+
+def _m_other_dtype(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    slots = ["k", "v", "out"] + (["mask"] if s.planes else [])
+    which = data.draw(st.sampled_from(slots), label="slot")
+    other = data.draw(st.sampled_from([d for d in (F32, F16, BF16, DataType.INT32) if d != s.dtype]),
+                      label="dtype")
+    if which == "out":
+        case.outputs[0] = with_dtype(case.outputs[0], other)
+    else:
+        i = {"k": 1, "v": 2, "mask": 3}[which]
+        case.inputs[i] = with_dtype(case.inputs[i], other)
+    return "input"
+
+
+def _m_absent(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = data.draw(st.integers(0, 2), label="input")
+    how = data.draw(st.sampled_from(["slot", "none", "node"]), label="how")
+    case.inputs[i] = None if how == "none" else TensorView.absent_slot(s.dtype)
+    if how == "node":
+        case.node.inputs[i] = None
+    return "input"
+
+
+def _m_arity(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    which = data.draw(st.sampled_from(["two_inputs", "five_inputs", "no_output", "two_outputs",
+                                       "absent_output"]), label="arity")
+    if which == "two_inputs":
+        case.inputs = case.inputs[:2]
+    elif which == "five_inputs":
+        case.inputs = case.inputs[:3] + [case.inputs[0]] * 2
+    elif which == "no_output":
+        case.outputs = []
+    elif which == "two_outputs":
+        case.outputs = case.outputs * 2
+    else:
+        case.outputs = [TensorMut.absent_slot(s.dtype)]
+    return "input"
+
+
+def _m_head_dim_stride(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    assume(s.D > 1)
+    which = data.draw(st.integers(0, 3), label="tensor")
+    t = case.inputs[which] if which < 3 else case.outputs[0]
+    B, X, S, D = t.shape
+    st_ = data.draw(st.sampled_from([(X * S * D * 2, S * D * 2, D * 2, 2),  # every other element
+                                     (1, B, B * X, B * X * S)]), label="strides")  # reversed
+    assume(st_[3] != 1)
+    nt = type(t)(t.ptr, t.dtype, t.shape, st_)
+    if which < 3:
+        case.inputs[which] = nt
+    else:
+        case.outputs[0] = nt
+    return "input"
+
+
+def _m_mask_strided(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    assume(s.planes and s.Sq > 1 and s.Sk > 1)
+    m = case.inputs[3]
+    shape = (s.planes, s.Sq, s.Sk)
+    case.inputs[3] = TensorView(m.ptr, m.dtype, shape, (s.Sq * s.Sk, 1, s.Sq))  # transposed
+    return "input"
+
+
+def _m_forced_fused_big_d(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    D = data.draw(st.integers(257, 600), label="D")
+    for i in range(3):
+        t = case.inputs[i]
+        case.inputs[i] = with_shape(t, t.shape[:3] + (D,))
+    case.outputs[0] = TensorMut(case.outputs[0].ptr, s.dtype, (s.B, s.H, s.Sq, D))
+    case.kw["path"] = data.draw(st.sampled_from(["fused", "simt"]), label="path")
+    return "input"
+
+
+def _m_bad_factory_args(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    which = data.draw(st.sampled_from(["path", "splits0", "splits_big"]), label="arg")
+    if which == "path":
+        case.kw["path"] = "fastest"
+    else:
+        case.kw["num_splits"] = 0 if which == "splits0" else 70000
+    return "input"
+
+
+def _m_positions(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    # Sq + Sk >= 2**31 positions (the int32 position arithmetic of the kernels).
+    Sk = 2**31 - s.Sq + data.draw(st.integers(0, 5), label="extra")
+    for i in (1, 2):
+        t = case.inputs[i]
+        case.inputs[i] = TensorView(t.ptr, t.dtype, (s.B, s.Hkv, Sk, s.D))
+    return "input"
+
+
+MUTATIONS = [
+    _m_attr("num_heads", [0, -1, _DROP, 2.5, "4", True]),
+    _m_kv_not_divisor,
+    _m_attr("kv_num_heads", [0, -2]),
+    _m_attr("causal", [2, -1, 1.0]),
+    _m_attr("scale", [0.0, -1.0, math.nan, math.inf, -math.inf, "x"]),
+    _m_attr("scale", [1e39, 1e300], "_beyond_float32"),
+    _m_attr("softcap", [-1.0, math.nan, math.inf]),
+    _m_attr("softcap", [1e39, 1e300], "_beyond_float32"),
+    _m_attr("local_window_size", [-2, -100, 1.5]),
+    _m_rank, _m_dim, _m_mask_size, _m_q_dtype, _m_other_dtype, _m_absent, _m_arity,
+    _m_head_dim_stride, _m_mask_strided, _m_forced_fused_big_d, _m_bad_factory_args,
+    _m_positions,
+]
+
+
+BIG = [65535, 65536, 2**31 - 1, 2**31, 2**31 + 5, 2**32 + 3]
+BIG_FIELDS = ["B", "H", "Hkv", "Sq", "Sk", "D"]
+
+
+# --------------------------------------------------------------------------- CPU properties
+class TestHost:
+    """No GPU: the fake runtime records launches and refuses illegal ones."""
+
+    @CPU_SETTINGS
+    @given(s=specs())
+    def test_valid_cases_are_claimed_and_launch_legally(self, s: Spec) -> None:
+        rt = FakeRuntime()
+        case = build(rt, s)
+        assert claim(rt, case) is None
+        stage, err = attempt(rt, case)
+        assert err is None, f"valid case refused at {stage}: {err}"
+        assert (rt.launch_count > 0) == (not case.empty), rt.names()
+        assert rt.memory_stats().live_bytes == 0
+        out = case.outputs[0].ptr
+        if not case.empty:
+            assert any(out in x.args for x in rt.launches), "no launch was given the output"
+
+    @pytest.mark.parametrize("mutate", MUTATIONS, ids=lambda m: m.__name__)
+    @PER_MUTATION
+    @given(s=specs(), data=st.data())
+    def test_invalid_cases_are_refused_before_any_launch(self, mutate: Any, s: Spec, data: Any) -> None:
+        rt = FakeRuntime()
+        case = build(rt, s)
+        kind = mutate(case, data, s)
+        stage, err = attempt(rt, case)
+        assert err is not None, f"{mutate.__name__}: accepted ({rt.names()})"
+        assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before: {err}"
+        assert rt.memory_stats().live_bytes == 0
+        if kind == "attr":
+            assert claim(rt, case) is not None, f"{mutate.__name__}: claimed despite {err}"
+
+    @pytest.mark.parametrize("field", BIG_FIELDS)
+    @settings(CPU_SETTINGS, max_examples=40)
+    @given(data=st.data())
+    def test_oversized_dims_are_refused_by_planning_or_launch_legally(self, field: str,
+                                                                      data: Any) -> None:
+        s = data.draw(big_specs(field))
+        rt = FakeRuntime()
+        case = build(rt, s)
+        case.use_ws = True  # executor style: the planned workspace is always provided
+        stage, err = attempt(rt, case)
+        if err is not None:
+            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
+            assert stage in ("create", "workspace"), (
+                f"only execute refused it ({err}); workspace_requirement planned it")
+
+    def test_eager_unfused_refuses_grid_limits_before_allocating(self) -> None:
+        # B*H = 65536 rows of heads exceed the unfused grid: KernelError, and nothing may be
+        # allocated first (at real sizes the scores buffer alone can be out of memory).
+        rt = FakeRuntime(memory_bytes=1 << 30)
+        s = Spec(BF16, 1, 65536, 65536, 64, 4096, 320, (("num_heads", 65536),), 0, "3d",
+                 ("contig",) * 4, "auto", None, False)
+        case = build(rt, s)
+        stage, err = attempt(rt, case)
+        assert isinstance(err, KernelError), f"{stage}: {type(err).__name__}: {err}"
+        assert rt.launch_count == 0
+
+
+@st.composite
+def big_specs(draw: Any, field: str) -> Spec:
+    v = draw(st.sampled_from(BIG))
+    d = dict(B=1, H=1, Hkv=1, Sq=draw(st.integers(1, 3)), Sk=draw(st.integers(1, 70)),
+             D=draw(st.sampled_from([8, 64, 300])))
+    if field == "H":
+        d["H"] = v
+    elif field == "Hkv":
+        d["H"] = d["Hkv"] = v
+    else:
+        d[field] = v
+    dtype = draw(st.sampled_from([BF16, F32]))
+    it = dtype.itemsize
+    # Physically possible tensors only: each below 128 GiB.
+    assume(d["B"] * d["H"] * d["Sq"] * d["D"] * it <= 2**37)
+    assume(d["B"] * d["Hkv"] * d["Sk"] * d["D"] * it <= 2**37)
+    attrs: dict[str, Any] = {"num_heads": d["H"], "kv_num_heads": d["Hkv"]}
+    if draw(st.booleans()):
+        attrs["causal"] = 1
+    if draw(st.booleans()):
+        attrs["local_window_size"] = draw(st.sampled_from([0, 5, 2**31 - 1]))
+    path = draw(st.sampled_from(["auto", "unfused"] + (["fused"] if d["D"] <= 256 else [])))
+    return Spec(dtype, d["B"], d["H"], d["Hkv"], d["Sq"], d["Sk"], d["D"],
+                tuple(sorted(attrs.items())), 0, "3d", ("contig",) * 4, path, None, True)
+
+
+# --------------------------------------------------------------------------- GPU half
+
+
+@pytest.mark.gpu
+class TestDevice:
+    """Random valid cases on the GPU against the float64 reference."""
+
+    @GPU_SETTINGS
+    @given(s=specs(gpu=True))
+    def test_random_valid_cases_match_reference(self, rt: Any, s: Spec) -> None:
+        from nxrt.tensors import DeviceArray
+        from nxrt_kernels import reference
+        from tests._util import TOL, rel_fro
+
+        rng = np.random.default_rng(s.seed)
+        npdt = s.dtype.numpy
+        host = [rng.standard_normal(s.shape(i), dtype=np.float32).astype(npdt) for i in range(3)]
+        mask = None
+        if s.planes:
+            m = rng.standard_normal(s.mask_shape(), dtype=np.float32)
+            m[rng.random(m.shape) < 0.2] = -np.inf
+            mask = m.astype(npdt)
+        node = s.node
+        before = rt.memory_stats().live_bytes
+        launches = rt.launch_count
+        with ExitStack() as stack:
+            def upload(a: np.ndarray) -> DeviceArray:
+                d = DeviceArray.from_numpy(rt, a)
+                stack.callback(d.free)
+                return d
+
+            views = []
+            for i in range(3):
+                _, strides = layout_strides(s.shape(i), s.layouts[i])
+                d = upload(to_storage(host[i], s.layouts[i]))
+                views.append(TensorView(d.ptr, s.dtype, s.shape(i), strides))
+            if mask is not None:
+                views.append(upload(mask).view())
+            oshape, ost = layout_strides(s.shape(3), s.layouts[3])
+            ob = DeviceArray(rt, oshape, s.dtype)
+            stack.callback(ob.free)
+            ob.fill_bytes(0xFF)
+            out = TensorMut(ob.ptr, s.dtype, s.shape(3), ost)
+            kw: dict[str, Any] = {"path": s.path}
+            if s.num_splits is not None:
+                kw["num_splits"] = s.num_splits
+            kern = AttentionFactory(rt, **kw).create(node, [v.shape for v in views])
+            req = kern.workspace_requirement([v.meta for v in views])
+            ws = None
+            if req.nbytes and s.use_ws:
+                p = rt.alloc_raw(req.nbytes)
+                stack.callback(rt.free_raw, p)
+                ws = WorkspaceView(p, req.nbytes)
+            kern.execute(views, [out], ws)
+            rt.synchronize()
+            got = from_storage(ob.numpy(), s.layouts[3], s.D)
+        assert rt.launch_count > launches
+        assert rt.memory_stats().live_bytes == before
+        want = reference.attention(node, host + ([mask] if mask is not None else []),
+                                   out_dtype=np.float64)
+        err = rel_fro(got, want)
+        assert err < TOL[s.dtype], f"rel_fro {err:.2e} (plan {kern.last_plan}) for {s}"
+        rt.latch.check()

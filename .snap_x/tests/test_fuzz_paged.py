@@ -1,0 +1,591 @@
+"""Fuzzing ``com.microsoft::PagedAttention`` (LATENT): random valid and invalid calls (hypothesis).
+
+CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRuntime`.
+
+- Valid cases (MLA 576/512 and small head sizes, RoPE half/interleaved, softcap, windows,
+  aliasing cache output, host/device ``attention_metadata``, forced paths and splits, with and
+  without the workspace) are claimed and run with legal launches; nothing stays allocated.
+- Invalid cases (one mutation each: declined modes and inputs, out-of-range attributes,
+  wrong dtypes/ranks/dims, absent required inputs, non-contiguous tensors, a cache output
+  that does not alias, bad metadata) raise ``KernelError``, ``Unsupported`` or ``ValueError``
+  and launch nothing. Declined modes and dtypes are also declined at claim time.
+- Oversized cases (one dim or attribute at or past 2**16 / 2**31 / 2**32, or a head size past
+  shared memory) are refused before the first launch (by ``workspace_requirement`` when the
+  inputs alone decide it) or run with legal launches; never an ``OverflowError``.
+
+GPU half (``TestDevice``, marked gpu): random valid cases on the device against
+``nxrt_kernels.reference`` (output and the updated cache).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
+from nxrt.errors import KernelError, Unsupported
+from nxrt_kernels import paged_attention as pa
+from nxrt_kernels.paged_attention import PagedAttentionFactory
+from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
+from tests.test_paged_cpu import make_case, make_node
+
+BF16, F16, I32 = DataType.BFLOAT16, DataType.FLOAT16, DataType.INT32
+TYPED = (KernelError, Unsupported, ValueError)
+
+
+# --------------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class Spec:
+    """One PagedAttention call described by sizes (the GPU half draws data from ``seed``)."""
+
+    dtype: DataType
+    H: int
+    hs: int
+    vhs: int
+    bs: int
+    q_lens: tuple[int, ...]
+    past_lens: tuple[int, ...]
+    rope: str | None
+    rd: int
+    offset: int
+    softcap: float
+    window: int
+    explicit_scale: bool
+    extra_cols: int  # block table columns beyond what the sequences need (make_case uses 1)
+    cache_out: bool
+    meta: str  # none | host | device
+    path: str
+    num_splits: int | None
+    use_ws: bool
+    n_inputs: int  # 11 or 17 names on the node
+    seed: int = 0
+
+    @property
+    def T(self) -> int:
+        return sum(self.q_lens)
+
+    @property
+    def B(self) -> int:
+        return len(self.q_lens)
+
+    def blocks(self) -> tuple[int, int]:
+        """(num_blocks, max_blocks) as make_case lays them out."""
+        nblk = [-(-(p + q) // self.bs) for p, q in zip(self.past_lens, self.q_lens)]
+        return sum(nblk) + 2, max(nblk) + 1 + self.extra_cols
+
+    def max_pos(self) -> int:
+        return max(p + q for p, q in zip(self.past_lens, self.q_lens)) + 3
+
+    def scale(self) -> float | None:
+        if self.vhs != self.hs or self.explicit_scale:
+            return 1.0 / math.sqrt(self.hs)
+        return None
+
+    def node(self):  # noqa: ANN201
+        return make_node(self.H, vhs=self.vhs if self.vhs != self.hs else 0, scale=self.scale(),
+                         rope=self.rope, offset=self.offset, softcap=self.softcap,
+                         window=self.window, n_inputs=self.n_inputs)
+
+    def shapes(self) -> list[tuple[int, ...] | None]:
+        nb, mb = self.blocks()
+        T, B, H, hs = self.T, self.B, self.H, self.hs
+        s: list[tuple[int, ...] | None] = [None] * 16
+        s[pa.IN_QUERY], s[pa.IN_KEY] = (T, H * hs), (T, hs)
+        s[pa.IN_KEY_CACHE] = (nb, self.bs, 1, hs)
+        s[pa.IN_CU_SEQLENS], s[pa.IN_PAST_SEQLENS] = (B + 1,), (B,)
+        s[pa.IN_BLOCK_TABLE], s[pa.IN_SLOT_MAPPING] = (B, mb), (T,)
+        if self.rope:
+            s[pa.IN_COS] = s[pa.IN_SIN] = (self.max_pos(), self.rd // 2)
+        return s
+
+
+INDEX_INPUTS = (pa.IN_CU_SEQLENS, pa.IN_PAST_SEQLENS, pa.IN_BLOCK_TABLE, pa.IN_SLOT_MAPPING)
+
+
+@st.composite
+def specs(draw: Any, gpu: bool = False) -> Spec:
+    dtype = draw(st.sampled_from([F16, BF16]))
+    mla = draw(st.booleans())
+    if mla:
+        hs, vhs = 576, 512
+        H = draw(st.sampled_from([1, 3, 16, 20] if gpu else [1, 5, 16, 63, 64, 65, 128]))
+    else:
+        hs = draw(st.sampled_from([16, 64, 80, 128, 7, 33]) if gpu
+                  else st.sampled_from([1, 2, 7, 16, 33, 64, 80, 128, 192]) | st.integers(1, 640))
+        vhs = draw(st.sampled_from([hs, max(1, hs // 2), 1]))
+        H = draw(st.integers(1, 8 if gpu else 24))
+    bs = draw(st.sampled_from([16, 32, 64] if gpu else [16, 32, 64, 128]))
+    B = draw(st.integers(1, 3 if gpu else 4))
+    qmax, pmax = (4, 150) if gpu else (6, 300)
+    q_lens = tuple(draw(st.lists(st.integers(0, qmax), min_size=B, max_size=B)))
+    if gpu and sum(q_lens) == 0:
+        q_lens = (1,) + q_lens[1:]
+    past_lens = tuple(draw(st.lists(st.integers(0, pmax), min_size=B, max_size=B)))
+    rope = draw(st.sampled_from([None, "half", "interleaved"])) if hs >= 2 else None
+    rd = offset = 0
+    if rope:
+        offset = draw(st.integers(0, hs - 2))
+        rd = 2 * draw(st.integers(1, (hs - offset) // 2))
+        if mla and draw(st.booleans()):
+            rd, offset = 64, 512  # DeepSeek's rope slice
+    softcap = draw(st.sampled_from([0.0, 0.0, 30.0]))
+    window = draw(st.sampled_from([-1, -1, 0, 5, 100]))
+    paths = ["auto", "auto", "simple"] + (["mla", "mla64", "mla32"] if mla and not gpu else [])
+    return Spec(dtype, H, hs, vhs, bs, q_lens, past_lens, rope, rd, offset, softcap, window,
+                draw(st.booleans()), draw(st.integers(0, 2)), draw(st.booleans()),
+                draw(st.sampled_from(["none", "host", "device"])), draw(st.sampled_from(paths)),
+                draw(st.sampled_from([None, None, 1, 2, 5])), draw(st.booleans()),
+                draw(st.sampled_from([11, 17])), draw(st.integers(0, 2**32 - 1)))
+
+
+# --------------------------------------------------------------------------- CPU cases
+def _meta_values(s: Spec) -> np.ndarray:
+    return np.array([max(s.q_lens), max(p + q for p, q in zip(s.past_lens, s.q_lens))], np.int32)
+
+
+def build(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
+    shapes = s.shapes()
+    ins: list[Any] = []
+    for i, shp in enumerate(shapes):
+        if shp is None:
+            ins.append(TensorView.absent_slot())
+        else:
+            ins.append(rt.view(shp, I32 if i in INDEX_INPUTS else s.dtype))
+    meta: Any = None
+    if s.meta == "host":
+        meta = _meta_values(s)
+    elif s.meta == "device":
+        meta = rt.view((2,), I32)
+    ins.append(meta)
+    out = rt.view((s.T, s.H * s.vhs), s.dtype, mut=True)
+    outs: list[Any] = [out]
+    kc = ins[pa.IN_KEY_CACHE]
+    if s.cache_out:
+        outs.append(TensorMut(kc.ptr, kc.dtype, kc.shape))
+    kw: dict[str, Any] = {"path": s.path, "num_splits": s.num_splits}
+    return SimpleNamespace(node=s.node(), inputs=ins, outputs=outs, kw=kw, use_ws=s.use_ws)
+
+
+def _absent(t: Any) -> bool:
+    return t is None or getattr(t, "absent", False)
+
+
+def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
+    stage = "create"
+    try:
+        fac = PagedAttentionFactory(rt, **case.kw)
+        kern = fac.create(case.node, [None if _absent(t) else t.shape for t in case.inputs[:16]])
+        stage = "workspace"
+        req = kern.workspace_requirement(case.inputs)
+        ws = None
+        if req.nbytes and case.use_ws:
+            ws = WorkspaceView(rt.address(req.nbytes), req.nbytes)
+        stage = "execute"
+        kern.execute(case.inputs, case.outputs, ws)
+    except TYPED as exc:
+        return stage, exc
+    return None, None
+
+
+def claim(rt: FakeRuntime, case: SimpleNamespace) -> str | None:
+    ins = case.inputs[:16]
+    return PagedAttentionFactory(rt).unsupported_reason(
+        case.node, [None if _absent(t) else t.shape for t in ins],
+        [None if _absent(t) else t.dtype for t in ins])
+
+
+def reshaped(t: Any, shape: tuple[int, ...]) -> Any:
+    return type(t)(t.ptr, t.dtype, shape)
+
+
+def retyped(t: Any, dtype: DataType) -> Any:
+    return type(t)(t.ptr, dtype, t.shape, t.strides)
+
+
+# --------------------------------------------------------------------------- mutations
+# Each breaks one rule of a valid case and returns "claim" (the factory must decline it at
+# claim time too) or "input" (the kernel refuses it).
+_DROP = object()
+
+
+def _m_attr(name: str, values: list, kind: str = "claim", label: str = "") -> Any:
+    def f(case: SimpleNamespace, data: Any, s: Spec) -> str:
+        v = data.draw(st.sampled_from(values), label=name)
+        if v is _DROP:
+            case.node.attributes.pop(name, None)
+        else:
+            case.node.attributes[name] = v
+        return kind
+    f.__name__ = f"attr_{name}{label}"
+    return f
+
+
+def _m_v_head_size(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    case.node.attributes["v_head_size"] = s.hs + data.draw(st.integers(1, 64), label="extra")
+    case.node.attributes["scale"] = 0.1
+    return "input"
+
+
+def _m_scale_missing(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    assume(s.vhs != s.hs)
+    case.node.attributes.pop("scale", None)
+    return "input"
+
+
+def _m_rope_inputs_absent(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    assume(s.hs >= 2)
+    case.node.attributes.update(do_rotary=1, rotary_offset=0)
+    which = data.draw(st.sampled_from([(pa.IN_COS,), (pa.IN_SIN,), (pa.IN_COS, pa.IN_SIN)]),
+                      label="absent")
+    for i in (pa.IN_COS, pa.IN_SIN):
+        case.inputs[i] = (TensorView.absent_slot() if i in which
+                          else case.inputs[i] if not _absent(case.inputs[i])
+                          else TensorView(case.inputs[0].ptr, s.dtype, (8, 1)))
+    return "input"
+
+
+def _m_rope_too_wide(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    assume(s.rope is not None)
+    case.node.attributes["rotary_offset"] = s.hs - s.rd + data.draw(st.integers(1, 8), label="+")
+    return "input"
+
+
+def _m_node_mode(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    which = data.draw(st.sampled_from(["layout", "no_layout", "kv_heads", "no_kv_heads", "quant"]),
+                      label="mode")
+    a = case.node.attributes
+    if which == "layout":
+        a["kv_cache_layout"] = data.draw(st.sampled_from(["SEPARATE", "latent", "BNSH"]), label="l")
+    elif which == "no_layout":
+        del a["kv_cache_layout"]
+    elif which == "kv_heads":
+        a["kv_num_heads"] = data.draw(st.sampled_from([0, 2, 128]), label="kvh")
+    elif which == "no_kv_heads":
+        del a["kv_num_heads"]
+    else:
+        name = data.draw(st.sampled_from(pa.QUANT_ATTRS), label="attr")
+        a[name] = data.draw(st.sampled_from(["int8", "fp8_e4m3", 1]), label="quant")
+    return "claim"
+
+
+def _m_declined_input(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = data.draw(st.sampled_from(sorted(pa.DECLINED_INPUTS)), label="input")
+    names = list(case.node.inputs) + [None] * (17 - len(case.node.inputs))
+    names[i] = pa.INPUT_NAMES[i]
+    case.node.inputs = names
+    case.inputs[i] = TensorView(case.inputs[0].ptr, s.dtype, (max(s.T, 1), s.hs))
+    return "claim"
+
+
+def _m_packed_qkv(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    case.node.inputs[pa.IN_KEY] = None
+    case.inputs[pa.IN_KEY] = TensorView.absent_slot()
+    return "claim"
+
+
+def _m_required_absent(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = data.draw(st.sampled_from([pa.IN_QUERY, pa.IN_KEY_CACHE, *INDEX_INPUTS]), label="input")
+    case.inputs[i] = data.draw(st.sampled_from([TensorView.absent_slot(), None]), label="as")
+    return "input"
+
+
+def _m_required_absent_in_node(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = data.draw(st.sampled_from([pa.IN_QUERY, pa.IN_KEY_CACHE, *INDEX_INPUTS]), label="input")
+    case.node.inputs[i] = data.draw(st.sampled_from([None, ""]), label="name")
+    case.inputs[i] = TensorView.absent_slot()
+    return "claim"
+
+
+def _m_float_dtype(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = data.draw(st.sampled_from([pa.IN_QUERY, pa.IN_KEY, pa.IN_KEY_CACHE]), label="input")
+    other = [d for d in (DataType.FLOAT, F16, BF16, DataType.INT32, DataType.UINT8) if d != s.dtype]
+    case.inputs[i] = retyped(case.inputs[i], data.draw(st.sampled_from(other), label="dtype"))
+    return "claim"
+
+
+def _m_index_dtype(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = data.draw(st.sampled_from(INDEX_INPUTS), label="input")
+    dt = data.draw(st.sampled_from([DataType.INT64, DataType.UINT32, DataType.FLOAT]), label="dt")
+    case.inputs[i] = retyped(case.inputs[i], dt)
+    return "claim"
+
+
+def _m_rope_dtype(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    assume(s.rope is not None)
+    i = data.draw(st.sampled_from([pa.IN_COS, pa.IN_SIN]), label="input")
+    other = DataType.FLOAT if data.draw(st.booleans(), label="f32") else (
+        BF16 if s.dtype == F16 else F16)
+    case.inputs[i] = retyped(case.inputs[i], other)
+    return "input"
+
+
+def _m_shape(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    nb, mb = s.blocks()
+    T, B, H, hs, bs = s.T, s.B, s.H, s.hs, s.bs
+    options = {
+        pa.IN_KEY_CACHE: [(nb, bs, hs), (nb, bs, 2, hs), (nb, bs, 1, hs, 1), (0, bs, 1, hs),
+                          (nb, bs // 2 + 1, 1, hs), (nb, 8, 1, hs), (nb, 3 * bs // 2, 1, hs)],
+        pa.IN_QUERY: [(T, H * hs + 1), (T, H, hs), (T + 1, H * hs)],
+        pa.IN_KEY: [(T + 1, hs), (T, hs + 1), (T * hs,)],
+        pa.IN_CU_SEQLENS: [(B,), (B + 2,), (B + 1, 1)],
+        pa.IN_PAST_SEQLENS: [(0,), (B, 1), ()],
+        pa.IN_BLOCK_TABLE: [(B + 1, mb), (B, 0), (B * mb,)],
+        pa.IN_SLOT_MAPPING: [(T + 1,), (T, 1)],
+    }
+    if s.rope:
+        half = s.rd // 2
+        options[pa.IN_COS] = [(s.max_pos(),), (0, half), (s.max_pos(), half, 1)]
+        options[pa.IN_SIN] = [(s.max_pos() + 1, half), (s.max_pos(), half + 1)]
+    i = data.draw(st.sampled_from(sorted(options)), label="input")
+    shape = data.draw(st.sampled_from(options[i]), label="shape")
+    case.inputs[i] = reshaped(case.inputs[i], shape)
+    return "input"
+
+
+def _m_strided(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    cands = [i for i in (pa.IN_QUERY, pa.IN_KEY, pa.IN_KEY_CACHE, pa.IN_BLOCK_TABLE)
+             if case.inputs[i].numel > 1 and case.inputs[i].shape[-1] > 1]
+    assume(cands)
+    i = data.draw(st.sampled_from(cands), label="input")
+    t = case.inputs[i]
+    strides = tuple(2 * x for x in t.element_strides)  # every other element
+    case.inputs[i] = type(t)(t.ptr, t.dtype, t.shape, strides)
+    return "input"
+
+
+def _m_output(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    o = case.outputs[0]
+    which = data.draw(st.sampled_from(["absent", "none", "empty", "shape", "dtype", "strided"]),
+                      label="out")
+    if which == "absent":
+        case.outputs[0] = TensorMut.absent_slot(s.dtype)
+    elif which == "none":
+        case.outputs = []
+    elif which == "empty":
+        case.outputs[0] = None
+    elif which == "shape":
+        case.outputs[0] = reshaped(o, (s.T, s.H * s.vhs + 1))
+    elif which == "dtype":
+        case.outputs[0] = retyped(o, DataType.FLOAT)
+    else:
+        assume(s.T > 1 and s.H * s.vhs > 1)
+        case.outputs[0] = TensorMut(o.ptr, o.dtype, o.shape, (1, s.T))
+    return "input"
+
+
+def _m_cache_out(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    kc = case.inputs[pa.IN_KEY_CACHE]
+    which = data.draw(st.sampled_from(["elsewhere", "shape", "dtype"]), label="cache_out")
+    if which == "elsewhere":
+        other = TensorMut(kc.ptr + 256, kc.dtype, kc.shape)
+    elif which == "shape":
+        other = TensorMut(kc.ptr, kc.dtype, (kc.shape[0] + 1,) + kc.shape[1:])
+    else:
+        other = TensorMut(kc.ptr, DataType.FLOAT if kc.dtype != DataType.FLOAT else F16, kc.shape)
+    case.outputs = case.outputs[:1] + [other]
+    return "input"
+
+
+def _m_metadata(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    bad = data.draw(st.sampled_from(["int64", "rank2", "len4", "negative", "float"]), label="meta")
+    case.inputs[16] = {
+        "int64": np.array([1, 2], np.int64), "rank2": np.zeros((1, 2), np.int32),
+        "len4": np.zeros(4, np.int32), "negative": np.array([-1, 5], np.int32),
+        "float": np.array([1.0, 2.0], np.float32)}[bad]
+    return "input"
+
+
+def _m_factory_args(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    which = data.draw(st.sampled_from(["path", "splits0", "splits_big", "mla_on_small"]), label="a")
+    if which == "path":
+        case.kw["path"] = "fastest"
+    elif which == "splits0":
+        case.kw["num_splits"] = 0
+    elif which == "splits_big":
+        case.kw["num_splits"] = 65536
+    else:
+        assume((s.hs, s.vhs) != (576, 512))
+        case.kw["path"] = data.draw(st.sampled_from(["mla", "mla64", "mla32"]), label="p")
+    return "input"
+
+
+MUTATIONS = [
+    _m_attr("num_heads", [0, -3, _DROP, 2.5, "8", True]),
+    _m_attr("softcap", [-1.0, math.nan, -math.inf, "x"]),
+    _m_attr("softcap", [math.inf], label="_infinite"),
+    _m_attr("softcap", [1e39, 1e300], label="_beyond_float32"),
+    _m_attr("scale", [-1.0, math.nan, math.inf, "x"]),
+    _m_attr("scale", [1e39, 1e300], label="_beyond_float32"),
+    _m_attr("local_window_size", [-2, -1000, 1.5]),
+    _m_attr("rotary_offset", [-1, -64]),
+    _m_attr("v_head_size", [-1, -512]),
+    _m_v_head_size, _m_scale_missing, _m_rope_inputs_absent, _m_rope_too_wide, _m_node_mode,
+    _m_declined_input, _m_packed_qkv, _m_required_absent, _m_required_absent_in_node,
+    _m_float_dtype, _m_index_dtype,
+    _m_rope_dtype, _m_shape, _m_strided, _m_output, _m_cache_out, _m_metadata, _m_factory_args,
+]
+
+
+BIG_FIELDS = ["T", "H", "hs", "nb", "bs", "mb", "B", "max_pos", "window", "rotary_offset"]
+
+
+# --------------------------------------------------------------------------- CPU properties
+class TestHost:
+    """No GPU: the fake runtime records launches and refuses illegal ones."""
+
+    @CPU_SETTINGS
+    @given(s=specs())
+    def test_valid_cases_are_claimed_and_launch_legally(self, s: Spec) -> None:
+        rt = FakeRuntime()
+        case = build(rt, s)
+        assert claim(rt, case) is None
+        stage, err = attempt(rt, case)
+        assert err is None, f"valid case refused at {stage}: {err}"
+        names = rt.names()
+        if s.T == 0:
+            assert names == []
+        else:
+            assert names[0].startswith("paged_write_"), names
+            assert any(case.outputs[0].ptr in x.args for x in rt.launches[1:])
+        assert rt.memory_stats().live_bytes == 0
+
+    @pytest.mark.parametrize("mutate", MUTATIONS, ids=lambda m: m.__name__)
+    @PER_MUTATION
+    @given(s=specs(), data=st.data())
+    def test_invalid_cases_are_refused_before_any_launch(self, mutate: Any, s: Spec, data: Any) -> None:
+        rt = FakeRuntime()
+        case = build(rt, s)
+        kind = mutate(case, data, s)
+        stage, err = attempt(rt, case)
+        assert err is not None, f"{mutate.__name__}: accepted ({rt.names()})"
+        assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before: {err}"
+        assert rt.memory_stats().live_bytes == 0
+        if kind == "claim":
+            assert claim(rt, case) is not None, f"{mutate.__name__}: claimed despite {err}"
+
+    @pytest.mark.parametrize("field", BIG_FIELDS)
+    @settings(CPU_SETTINGS, max_examples=40)
+    @given(data=st.data())
+    def test_oversized_dims_are_refused_before_launch_or_launch_legally(self, field: str,
+                                                                        data: Any) -> None:
+        case, inputs_only = data.draw(big_cases(field))
+        rt = FakeRuntime()
+        ins = [TensorView.absent_slot() if shp is None else
+               rt.view(shp, I32 if i in INDEX_INPUTS else case.dtype)
+               for i, shp in enumerate(case.shapes)] + [None]
+        out = rt.view(case.out_shape, case.dtype, mut=True)
+        c = SimpleNamespace(node=case.node, inputs=ins, outputs=[out], kw={"path": case.path},
+                            use_ws=True)
+        stage, err = attempt(rt, c)
+        if err is not None:
+            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
+            if inputs_only:
+                assert stage in ("create", "workspace"), (
+                    f"only execute refused it ({err}); workspace_requirement planned it")
+
+
+BIG = [65535, 65536, 2**31 - 1, 2**31, 2**31 + 5, 2**32 + 3]
+BIG_POW2 = [2**16, 2**30, 2**31, 2**32]
+
+
+@st.composite
+def big_cases(draw: Any, field: str) -> tuple[SimpleNamespace, bool]:
+    """Minimal shapes with one dim (or attribute) oversized; (case, refusal decided by inputs)."""
+    d = dict(T=1, H=1, hs=draw(st.sampled_from([8, 576])), nb=1, bs=16, mb=1, B=1, max_pos=4)
+    attrs: dict[str, Any] = {}
+    if field in ("window", "rotary_offset"):
+        attrs[{"window": "local_window_size", "rotary_offset": "rotary_offset"}[field]] = \
+            draw(st.sampled_from(BIG))
+    elif field == "bs":
+        d["bs"] = draw(st.sampled_from(BIG_POW2))
+    elif field == "hs":
+        d["hs"] = draw(st.sampled_from([4096, 16384, 65536, 2**31]))
+    else:
+        d[field] = draw(st.sampled_from(BIG))
+    rope = field == "max_pos" or (field != "rotary_offset" and draw(st.booleans()))
+    dtype = draw(st.sampled_from([BF16, F16]))
+    T, H, hs, nb, bs, mb, B = (d[k] for k in ("T", "H", "hs", "nb", "bs", "mb", "B"))
+    shapes: list[tuple[int, ...] | None] = [None] * 16
+    shapes[pa.IN_QUERY], shapes[pa.IN_KEY] = (T, H * hs), (T, hs)
+    shapes[pa.IN_KEY_CACHE] = (nb, bs, 1, hs)
+    shapes[pa.IN_CU_SEQLENS], shapes[pa.IN_PAST_SEQLENS] = (B + 1,), (B,)
+    shapes[pa.IN_BLOCK_TABLE], shapes[pa.IN_SLOT_MAPPING] = (B, mb), (T,)
+    if rope:
+        shapes[pa.IN_COS] = shapes[pa.IN_SIN] = (d["max_pos"], 4)
+    for shp in shapes:
+        if shp is not None:
+            assume(math.prod(shp) * 2 <= 2**37)  # physically possible tensors only
+    vhs = 512 if hs == 576 else hs
+    node = make_node(H, vhs=vhs if vhs != hs else 0, scale=0.05, rope="half" if rope else None,
+                     **{k: v for k, v in attrs.items() if k != "local_window_size"},
+                     window=attrs.get("local_window_size", -1))
+    path = draw(st.sampled_from(["auto", "simple"]))
+    return SimpleNamespace(node=node, shapes=shapes, dtype=dtype, out_shape=(T, H * vhs),
+                           path=path), True
+
+
+# --------------------------------------------------------------------------- GPU half
+
+
+@pytest.mark.gpu
+class TestDevice:
+    """Random valid cases on the GPU against the float64 reference (output and cache)."""
+
+    @GPU_SETTINGS
+    @given(s=specs(gpu=True))
+    def test_random_valid_cases_match_reference(self, rt: Any, s: Spec) -> None:
+        from nxrt.tensors import DeviceArray
+        from nxrt_kernels import reference
+        from tests._util import TOL, rel_fro
+
+        rng = np.random.default_rng(s.seed)
+        c = make_case(rng, dtype=s.dtype, H=s.H, hs=s.hs, vhs=s.vhs, bs=s.bs, q_lens=s.q_lens,
+                      past_lens=s.past_lens, rope=s.rope, rd=s.rd or 16, offset=s.offset,
+                      softcap=s.softcap, window=s.window, extra_blocks=2)
+        node = s.node()
+        before = rt.memory_stats().live_bytes
+        launches = rt.launch_count
+        with ExitStack() as stack:
+            def upload(a: np.ndarray) -> DeviceArray:
+                d = DeviceArray.from_numpy(rt, a)
+                stack.callback(d.free)
+                return d
+
+            bufs = {i: upload(x) for i, x in enumerate(c.inputs[:16]) if x is not None}
+            views: list[Any] = [bufs[i].view() if i in bufs else TensorView.absent_slot()
+                                for i in range(16)]
+            views.append(_meta_values(s) if s.meta == "host" else None)
+            out = DeviceArray(rt, (c.T, s.H * s.vhs), s.dtype)
+            stack.callback(out.free)
+            out.fill_bytes(0xFF)
+            outs = [out.mut()] + ([bufs[pa.IN_KEY_CACHE].mut()] if s.cache_out else [])
+            kern = PagedAttentionFactory(rt, path=s.path, num_splits=s.num_splits).create(
+                node, [v.shape if not _absent(v) else None for v in views[:16]])
+            req = kern.workspace_requirement(views)
+            ws = None
+            if req.nbytes and s.use_ws:
+                p = rt.alloc_raw(req.nbytes)
+                stack.callback(rt.free_raw, p)
+                ws = WorkspaceView(p, req.nbytes)
+            kern.execute(views, outs, ws)
+            rt.synchronize()
+            got, cache = out.numpy(), bufs[pa.IN_KEY_CACHE].numpy()
+        assert rt.launch_count > launches
+        assert rt.memory_stats().live_bytes == before
+        ref_out, ref_cache = reference.paged_attention(node, c.inputs, strict=True)
+        err = rel_fro(got, ref_out)
+        assert err < TOL[s.dtype], f"output rel_fro {err:.2e} (plan {kern.last_plan}) for {s}"
+        flat, rflat = cache.reshape(-1, s.hs), ref_cache.reshape(-1, s.hs)
+        e = rel_fro(flat, rflat)
+        assert e < TOL[s.dtype], f"cache rel_fro {e:.2e} for {s}"
+        if not s.rope:  # without RoPE the write is a copy: bitwise
+            np.testing.assert_array_equal(flat.view(np.uint16), rflat.view(np.uint16))
+        rt.latch.check()

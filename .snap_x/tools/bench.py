@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""nxrt benchmarks: ``python tools/bench.py [runtime|attention|paged|index_share|all] [--out DIR]``.
+
+Every run measures its own ceilings (device-to-device copy bandwidth; a bf16 GEMM through
+torch when importable) and its peers in the same process, then writes
+``<out>/<gpu>-<date>.json`` (the shape in ../shared/GPU.md), a markdown table beside it,
+and PNG plots when matplotlib is importable. Each ``tools/bench_<name>.py`` module has
+``run(ctx) -> list[dict]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import nxrt  # noqa: E402
+from nxrt._check import check, driver  # noqa: E402
+
+BENCHES = ("runtime", "attention", "paged", "index_share")
+
+
+class BenchContext:
+    """What a benchmark module gets: the runtime, torch (or None), ceilings and timers."""
+
+    def __init__(self, rt: nxrt.CudaRuntime, quick: bool = False) -> None:
+        self.rt = rt
+        self.quick = quick
+        try:
+            import torch
+
+            self.torch = torch if torch.cuda.is_available() else None
+        except Exception:
+            self.torch = None
+        self.ceilings: dict[str, float] = {}
+        self._start = check(driver.cuEventCreate(0), "cuEventCreate")
+        self._stop = check(driver.cuEventCreate(0), "cuEventCreate")
+
+    def log(self, msg: str) -> None:
+        print(f"[bench] {msg}", flush=True)
+
+    def time_ours(self, fn: Callable[[], None], warmup: int = 3, reps: int = 20) -> float:
+        """Median milliseconds of ``fn`` (which enqueues work on ``rt.stream``), by device events."""
+        s = self.rt.stream.handle
+        for _ in range(warmup):
+            fn()
+        self.rt.synchronize()
+        times = []
+        for _ in range(reps):
+            check(driver.cuEventRecord(self._start, s), "cuEventRecord")
+            fn()
+            check(driver.cuEventRecord(self._stop, s), "cuEventRecord")
+            check(driver.cuEventSynchronize(self._stop), "cuEventSynchronize")
+            times.append(check(driver.cuEventElapsedTime(self._start, self._stop), "cuEventElapsedTime"))
+        return float(np.median(times))
+
+    def time_torch(self, fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
+        """Median milliseconds of a torch callable on torch's current stream."""
+        torch = self.torch
+        assert torch is not None
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return float(np.median(times))
+
+    def time_torch_graph(self, fns: list[Callable[[], Any]], repeat: int, warmup: int = 3,
+                         reps: int = 20) -> float:
+        """Median milliseconds per call of ``fns`` run ``repeat`` times over, all captured in
+        one torch CUDA graph (each fn is run once eagerly first: allocations, autotuning)."""
+        torch = self.torch
+        assert torch is not None
+        for fn in fns:
+            fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(repeat):
+                for fn in fns:
+                    fn()
+        return self.time_torch(graph.replay, warmup=warmup, reps=reps) / (repeat * len(fns))
+
+    def measure_ceilings(self) -> dict[str, float]:
+        nbytes = (256 << 20) if self.quick else (2 << 30)
+        src, dst = self.rt.alloc_raw(nbytes), self.rt.alloc_raw(nbytes)
+        try:
+            self.rt.memset(src, 0x3C, nbytes)
+            ms = self.time_ours(lambda: self.rt.dtod(dst, src, nbytes), warmup=2, reps=10)
+            self.ceilings["copy_GBps"] = round(2 * nbytes / ms / 1e6, 1)
+        finally:
+            self.rt.free_raw(src)
+            self.rt.free_raw(dst)
+        if self.torch is not None:
+            torch = self.torch
+            n = 4096 if self.quick else 8192
+            g = torch.Generator(device="cuda").manual_seed(0)
+            a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+            b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=g)
+            ms = self.time_torch(lambda: a @ b, warmup=3, reps=10)
+            self.ceilings["gemm_bf16_TFLOPs"] = round(2 * n**3 / ms / 1e9, 1)
+            del a, b
+        self.log(f"ceilings: {self.ceilings}")
+        return self.ceilings
+
+
+def row(bench: str, case: str, metric: str, ours: float, peer: str, peer_value: float | None,
+        **extra: Any) -> dict:
+    """One result row; ``ratio`` = ours / peer for higher-is-better metrics."""
+    r = {"bench": bench, "case": case, "metric": metric, "ours": round(float(ours), 3),
+         "peer": peer, "peer_value": None if peer_value is None else round(float(peer_value), 3),
+         "ratio": None if not peer_value else round(float(ours) / float(peer_value), 3)}
+    r.update(extra)
+    return r
+
+
+def _git_commit() -> str:
+    # NXRT_COMMIT wins: a copy of the tree (the GPU machine's) may sit inside an unrelated
+    # or stale git checkout.
+    if os.environ.get("NXRT_COMMIT"):
+        return os.environ["NXRT_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except Exception:
+        return "unknown"
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# nxrt benchmarks — {result['gpu']} — {result['date']}", "",
+             f"commit `{result['commit']}`; ceilings: " +
+             ", ".join(f"{k} = {v}" for k, v in result["ceilings"].items()), "",
+             "| bench | case | metric | ours | peer | peer value | ratio | of ceiling |",
+             "|---|---|---|---:|---|---:|---:|---:|"]
+    for r in result["rows"]:
+        frac = r.get("of_ceiling")
+        lines.append(f"| {r['bench']} | {r['case']} | {r['metric']} | {r['ours']} | {r['peer']} | "
+                     f"{'' if r['peer_value'] is None else r['peer_value']} | "
+                     f"{'' if r['ratio'] is None else r['ratio']} | "
+                     f"{'' if frac is None else f'{frac:.0%}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> bool:
+    """Two panels per benchmark: ours vs each peer (ratio), and achieved vs ceiling."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return False
+    rows = [r for r in result["rows"] if r.get("ratio") is not None]
+    if not rows:
+        return False
+    benches = sorted({r["bench"] for r in rows})
+    counts = [max(4, sum(r["bench"] == b for r in rows)) for b in benches]
+    fig, axes = plt.subplots(len(benches), 2, figsize=(18, 0.22 * sum(counts) + 1.5 * len(benches)),
+                             squeeze=False, gridspec_kw={"height_ratios": counts})
+    for (ax, ax_c), b in zip(axes, benches):
+        rs = [r for r in rows if r["bench"] == b and r["peer"] != "copy-bandwidth"]
+        ax.barh(range(len(rs)), [r["ratio"] for r in rs], color="tab:blue")
+        ax.set_xscale("log")  # ratios span 0.5x to 10^4x (cache hits)
+        ax.axvline(1.0, color="k", lw=0.8)
+        ax.set_yticks(range(len(rs)), [f"{r['case']}\nvs {r['peer']}" for r in rs], fontsize=6)
+        ax.set_title(f"{b}: ours / peer (higher is better)")
+        cs = [r for r in rows if r["bench"] == b and r.get("of_ceiling") is not None]
+        if cs:
+            ax_c.barh(range(len(cs)), [100 * r["of_ceiling"] for r in cs], color="tab:green")
+            ax_c.set_xlim(0, 100)
+            ax_c.set_yticks(range(len(cs)), [r["case"] for r in cs], fontsize=6)
+            ax_c.set_title(f"{b}: % of the measured copy bandwidth")
+        else:
+            ax_c.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def replot(json_path: Path) -> Path:
+    """Redraw the PNG of a committed result file (no GPU needed)."""
+    result = json.loads(Path(json_path).read_text())
+    out = Path(json_path).with_suffix(".png")
+    if not plot(result, out):
+        raise SystemExit("replot needs matplotlib (pip install 'nxrt[bench]')")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("which", nargs="*", default=["all"], help=f"{', '.join(BENCHES)} or all")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks"), help="output directory")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
+    ap.add_argument("--name", default=None, help="base name of the result files")
+    ap.add_argument("--replot", metavar="JSON", help="redraw the PNG of a result file and exit")
+    args = ap.parse_args(argv)
+    if args.replot:
+        print(replot(Path(args.replot)))
+        return 0
+    which = list(BENCHES) if "all" in args.which else args.which
+    for w in which:
+        if w not in BENCHES:
+            ap.error(f"unknown benchmark {w!r}; choose from {BENCHES} or all")
+    reason = nxrt.gpu_missing_reason()
+    if reason:
+        print(f"bench: {reason}; nothing to measure", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with nxrt.CudaRuntime(0) as rt:
+        ctx = BenchContext(rt, quick=args.quick)
+        ctx.measure_ceilings()
+        rows: list[dict] = []
+        for w in which:
+            t0 = time.perf_counter()
+            mod = importlib.import_module(f"bench_{w}")
+            try:
+                got = mod.run(ctx)
+            except Exception as exc:  # one broken benchmark must not hide the others
+                ctx.log(f"{w}: FAILED: {type(exc).__name__}: {exc}")
+                got = [row(w, "error", "error", 0, type(exc).__name__, None, error=str(exc))]
+            rows += got
+            ctx.log(f"{w}: {len(got)} rows in {time.perf_counter() - t0:.1f} s")
+        gpu = rt.capabilities.name
+    date = _dt.date.today().isoformat()
+    result = {"commit": _git_commit(), "gpu": gpu, "date": date, "ceilings": ctx.ceilings, "rows": rows}
+    base = args.name or f"{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-')}-{date}"
+    (out / f"{base}.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = markdown(result)
+    (out / f"{base}.md").write_text(md)
+    plot(result, out / f"{base}.png")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""IndexShare benchmark: ``python tools/bench.py index_share``.
+
+The issue's rows: top-k 2048 selected tokens, H 128, bf16, N in {64, 128} query heads
+sharing one index row and one kv head (DeepSeek-DSA style MQA), decode (Sq 1, B 64) and
+prefill (Sq 4096, B 1), caches of 8k and 64k tokens (8 rows; ``--quick``: the two N 64
+cache-8k rows). Ours is timed as a captured graph replay of ``execute`` (the production
+path: device-side index validation included, no host round trip). Two independent input
+sets are replayed alternately, so a decode step never finds the previous step's rows in
+L2. Effective GB/s counts the gathered K and V bytes once per (batch, query, kv head,
+selected key) — the heads that share an index row share its rows — against the copy
+ceiling measured in the same run. The peer is torch on the same inputs: an
+advanced-indexing gather of the selected K/V rows, then ``scaled_dot_product_attention``
+(index tensors built outside the timed region). Decode rows are also timed as
+``STEP_CALLS`` calls captured in one graph (ours in one nxrt graph, torch's in one torch CUDA
+graph), as attention's decode rows are: a model's decode step is one graph of many nodes,
+so a single call per graph mostly adds the graph's own launch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bench import BenchContext, row
+
+import nxrt
+from nxrt.api import Node, TensorView
+from nxrt_kernels import index_share
+
+TOPK, HEAD = 2048, 128
+
+
+def cases(quick: bool) -> list[dict[str, Any]]:
+    """The benchmark rows: (kind, B, Sq, N, Nkv, cache)."""
+    out = []
+    for n in (64,) if quick else (64, 128):
+        for cache in (8192,) if quick else (8192, 65536):
+            out.append(dict(kind="decode", b=64, sq=1, n=n, nkv=1, cache=cache))
+            out.append(dict(kind="prefill", b=1, sq=4096, n=n, nkv=1, cache=cache))
+    return out
+
+
+def make_inputs(torch: Any, c: dict[str, Any], seed: int, k: int = TOPK, h: int = HEAD) -> dict:
+    """One input set: q, the full cache (for the peer), past/current (for ours), indices."""
+    b, sq, n, nkv, cache = c["b"], c["sq"], c["n"], c["nkv"], c["cache"]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = torch.bfloat16
+    q = torch.randn(b, n, sq, h, device="cuda", dtype=dt, generator=g)
+    kc = torch.randn(b, nkv, cache, h, device="cuda", dtype=dt, generator=g)
+    vc = torch.randn(b, nkv, cache, h, device="cuda", dtype=dt, generator=g)
+    cur = sq
+    pk, pv = kc[:, :, : cache - cur].contiguous(), vc[:, :, : cache - cur].contiguous()
+    kk, vv = kc[:, :, cache - cur:].contiguous(), vc[:, :, cache - cur:].contiguous()
+    # Sorted distinct top-k rows of random scores (no padding), chunked to bound the temporary.
+    idx = torch.empty(b * sq, k, device="cuda", dtype=torch.int32)
+    step = max(1, (1 << 28) // cache)
+    for s in range(0, b * sq, step):
+        e = min(b * sq, s + step)
+        r = torch.rand(e - s, cache, device="cuda", generator=g)
+        idx[s:e] = r.topk(k, dim=1).indices.sort(dim=1).values.to(torch.int32)
+        del r
+    return dict(q=q, kc=kc, vc=vc, pk=pk, pv=pv, kk=kk, vv=vv, idx=idx.view(b, 1, sq, k),
+                y=torch.empty_like(q))
+
+
+def torch_peer(torch: Any, c: dict[str, Any], s: dict, k: int = TOPK, h: int = HEAD):
+    """A fair torch implementation: gather the selected rows with index ops, then SDPA."""
+    b, sq, n, nkv = c["b"], c["sq"], c["n"], c["nkv"]
+    scale = 1.0 / math.sqrt(h)
+    ig = s["idx"][:, 0].long()  # [B, Sq, K]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if nkv == 1:
+        bi = torch.arange(b, device="cuda")[:, None, None]
+        k2, v2, qt = s["kc"][:, 0], s["vc"][:, 0], s["q"].permute(0, 2, 1, 3)
+
+        def run() -> Any:
+            kg, vg = k2[bi, ig], v2[bi, ig]  # [B, Sq, K, H]
+            # The heads sharing the row act as the query axis of one attention per (b, q).
+            return sdpa(qt, kg, vg, scale=scale).permute(0, 2, 1, 3)
+        return run
+    bi = torch.arange(b, device="cuda")[:, None, None, None]
+    hi = torch.arange(nkv, device="cuda")[None, :, None, None]
+    ig4 = ig[:, None]
+
+    def run_mha() -> Any:
+        kg, vg = s["kc"][bi, hi, ig4], s["vc"][bi, hi, ig4]  # [B, N, Sq, K, H]
+        o = sdpa(s["q"].reshape(b * n, sq, 1, h), kg.reshape(b * n, sq, k, h),
+                 vg.reshape(b * n, sq, k, h), scale=scale)
+        return o.reshape(b, n, sq, h)
+    return run_mha
+
+
+def capture(rt: Any, kern: Any, s: dict) -> Any:
+    """Warm up eagerly on set ``s`` (compile, host validation, scratch) and capture a replay."""
+    views, outs = views_of(s)
+    kern.execute(views, outs)
+    rt.synchronize()
+    with rt.capture() as graph:
+        kern.execute(views, outs)
+    return graph
+
+
+#: Decode rows also run as they do inside a model's captured decode step: this many calls in
+#: one graph (alternating the two input sets), so the graph's launch is spread over them.
+STEP_CALLS = 8
+
+
+def views_of(s: dict) -> tuple[list, list]:
+    """``execute``'s input views and output for one input set."""
+    return ([TensorView.from_array(s[x]) for x in ("q", "kk", "vv", "pk", "pv", "idx")],
+            [nxrt.TensorMut.from_array(s["y"])])
+
+
+def _in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],
+                  peers: list) -> dict[str, float]:
+    """Milliseconds per call of STEP_CALLS calls captured in one graph (sets alternating),
+    for ours and for the torch peer (a torch CUDA graph of the same calls)."""
+    rt = ctx.rt
+    reps = max(1, STEP_CALLS // len(sets))
+    calls = reps * len(sets)
+    io = [views_of(s) for s in sets]
+    for ins, outs in io:  # warm: host validation, scratch
+        kern.execute(ins, outs)
+    rt.synchronize()
+    with rt.capture() as graph:
+        for _ in range(reps):
+            for ins, outs in io:
+                kern.execute(ins, outs)
+    try:
+        ms = ctx.time_ours(graph.replay) / calls
+        rt.latch.check()
+    finally:
+        graph.destroy()
+    tms = ctx.time_torch_graph(peers, reps, warmup=2, reps=10)
+    return dict(ms=ms, peer_ms=tms, calls=calls)
+
+
+def gathered_bytes(c: dict[str, Any], k: int = TOPK, h: int = HEAD) -> int:
+    """K and V bytes read once per (batch, query, kv head, selected key)."""
+    return c["b"] * c["sq"] * c["nkv"] * k * h * 2 * 2
+
+
+def node_for(c: dict[str, Any]) -> Node:
+    return Node("IndexShare", "pkg.nxrt", {"num_heads": c["n"], "kv_num_heads": c["nkv"]},
+                ["q", "k", "v", "pk", "pv", "idx"], ["y"])
+
+
+def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
+    torch, rt = ctx.torch, ctx.rt
+    sets = [make_inputs(torch, c, 1234 + i) for i in range(2)]
+    torch.cuda.synchronize()
+    kern = index_share.IndexShareFactory(rt).create(node_for(c))
+    graphs = [capture(rt, kern, s) for s in sets]
+
+    def ours() -> None:
+        for gr in graphs:
+            gr.replay()
+
+    ms = ctx.time_ours(ours) / len(graphs)
+    rt.latch.check()
+    rt.synchronize()
+    first = sets[0]["y"].clone()
+    graphs[0].replay()
+    rt.synchronize()
+    deterministic = bool(torch.equal(first, sets[0]["y"]))
+
+    peers = [torch_peer(torch, c, s) for s in sets]
+    tms = ctx.time_torch(lambda: [p() for p in peers], warmup=2, reps=10) / len(peers)
+    ref = peers[0]().float()
+    rel = float(torch.linalg.vector_norm(ref - first.float()) / torch.linalg.vector_norm(ref))
+    gbps = gathered_bytes(c) / ms / 1e6
+    ceiling = ctx.ceilings.get("copy_GBps")
+    kn = kern.last_plan.knobs
+    path = kern.last_plan.path
+    # Words joined explicitly: on some device instances spaces vanished from the f-string
+    # labels ("H128cache8k", "S2last"); plain " ".join has no f-string spacing to lose.
+    if path == "mma":
+        words = [f"mma{kn['wm']}x{kn['wn']}", f"st{kn['stages']}", f"S{kn['splits']}{kn['merge']}"]
+    elif path == "wg" and kn.get("ws"):
+        words = ["ws128", *(["q2"] if kn["q2"] else []), f"{kn['ctas']}CTAs",
+                 f"S{kn['splits']}{kn['merge']}"]
+    elif path == "wg":
+        words = [f"wg{kn['wgs']}x{kn['mrows']}", *(["qreg"] if kn["qreg"] else []),
+                 *(["overlap"] if kn["overlap"] else []),
+                 *([f"{kn['minb']}/SM"] if kn.get("minb", 1) > 1 else []), f"st{kn['stages']}",
+                 f"S{kn['splits']}{kn['merge']}"]
+    else:
+        words = [path, f"S{kn['splits']}", kn["merge"]]
+    name = " ".join([f"bf16 {c['kind']} B{c['b']} Sq{c['sq']} N{c['n']} Nkv{c['nkv']} H{HEAD}",
+                     f"cache{c['cache'] // 1024}k top{TOPK}", "(" + " ".join(words) + ")"])
+    extra = dict(ms=round(ms, 4), peer_ms=round(tms, 4), deterministic=deterministic,
+                 rel_fro_vs_torch=round(rel, 5))
+    rows = [row("index_share", name, "GB/s", gbps, "copy-bandwidth", ceiling,
+                of_ceiling=None if not ceiling else gbps / ceiling, **extra),
+            row("index_share", name, "1/ms", 1.0 / ms, "torch-gather-sdpa", 1.0 / tms, **extra)]
+    if c["kind"] == "decode":
+        g = _in_one_graph(ctx, kern, sets, peers)
+        gname = f"{name}, {g['calls']} calls in one graph"
+        ggbps = gathered_bytes(c) / g["ms"] / 1e6
+        gextra = dict(ms=round(g["ms"], 4), peer_ms=round(g["peer_ms"], 4))
+        rows += [row("index_share", gname, "GB/s", ggbps, "copy-bandwidth", ceiling,
+                     of_ceiling=None if not ceiling else ggbps / ceiling, **gextra),
+                 row("index_share", gname, "1/ms", 1.0 / g["ms"], "torch-gather-sdpa, same graph",
+                     1.0 / g["peer_ms"], **gextra)]
+    graphs.clear()  # destroys the graphs before the kernel frees its scratch
+    kern.close()
+    return rows
+
+
+def run(ctx: BenchContext) -> list[dict]:
+    """One GB/s row (vs the copy ceiling) and one speed row (vs torch) per case."""
+    if ctx.torch is None:
+        ctx.log("index_share: torch with CUDA is needed for the inputs and the peer; skipped")
+        return []
+    rows: list[dict] = []
+    for c in cases(ctx.quick):
+        try:
+            got = _one(ctx, c)
+        except Exception as exc:  # one case must not hide the others
+            ctx.log(f"index_share {c}: FAILED {type(exc).__name__}: {exc}")
+            got = [row("index_share", str(c), "error", 0, type(exc).__name__, None, error=str(exc))]
+        rows += got
+        for r in got:
+            ctx.log(f"{r['case']}: {r['metric']} ours {r['ours']} peer {r['peer_value']} "
+                    f"ratio {r['ratio']}")
+        ctx.torch.cuda.empty_cache()
+    return rows
