@@ -115,8 +115,9 @@ WG_QREG_LAYOUT = (1, 64)
 #: three CTAs with 2-stage rings share an SM (prefill N 64: 1.04 vs 1.27 ms, H200).
 WG_MINB = (1, 3)
 #: Groups of heads sharing an index row above this take the warp-specialised build (knob
-#: ``ws``) by default: H200, N 128 prefill 1.18 vs 1.67 ms, decode 46.8 vs 49.0 us; at N 64
-#: (one consumer warpgroup idle) it loses (0.93 vs 0.86 ms, 37 vs 35 us), benchmarks/NOTES.md.
+#: ``ws``) by default, and groups of exactly this many with many rows (prefill): H200, N 128
+#: prefill 1.05 vs 1.67 ms, decode 42 vs 49 us; N 64 prefill (one consumer warpgroup idle)
+#: 0.79 vs 0.87 ms; N 64 decode keeps the two-warpgroup key split (35 vs 35 us), NOTES.md.
 WS_MIN_GROUP = 64
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
@@ -350,7 +351,9 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # Knobs of the barrier-coupled build pin it; its split merge holds 8 partials.
         other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
         fits = -(-g.width // 2048) <= WS_MAX_SPLITS
-        ws = int(knobs.get("ws", 1 if g.group > WS_MIN_GROUP and fits and not other else 0))
+        many_rows = g.batch * g.q_len * g.kv_heads >= 4 * sm_count
+        wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and many_rows)
+        ws = int(knobs.get("ws", 1 if wide and fits and not other else 0))
         if ws not in (0, 1):
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
         if ws and other:

@@ -844,9 +844,9 @@ def test_wg_plan_choice_and_layouts():
     assert p.threads == 256 and p.heads_per_cta == 64 and p.splits >= 2
     assert p.smem <= 227 * 1024 and p.stages >= 2
     assert p.smem == index_share._wg_smem(128, 2, 64, p.stages, p.cps)
-    # Prefill N64 (4096 rows): one warpgroup with Q in registers, a 2-stage ring and the
-    # 168-register build: three CTAs per SM.
-    t = plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True)
+    # Prefill N64 (4096 rows) takes ws (below); with ws=0 one warpgroup with Q in
+    # registers, a 2-stage ring and the 168-register build: three CTAs per SM.
+    t = plan(_geom(64, b=1, sq=4096), 132, True, None, False, knobs={"ws": 0}, wg_arch=True)
     assert (t.path, t.knobs["wgs"], t.per_sm, t.splits) == ("wg", 1, 3, 1)
     assert (t.knobs["qreg"], t.knobs["overlap"], t.knobs["minb"], t.stages) == (1, 0, 3, 2)
     assert t.variant.defines["IS_MINB"] == 3 and 3 * (t.smem + 1024) <= 228 * 1024
@@ -908,9 +908,12 @@ def test_ws_plan_choice_grid_and_refusals():
     # Knobs of the barrier-coupled build pin it.
     assert plan(_geom(128), 132, True, None, False, knobs={"stages": 3},
                 wg_arch=True).knobs["ws"] == 0
-    # More than 8 x 2048 columns, or 64 heads, keep the barrier-coupled build unless asked.
+    # More than 8 x 2048 columns, or 64 heads in few rows (decode), keep the barrier-coupled
+    # build unless asked; 64 heads in many rows (prefill) take ws.
     assert plan(_geom(128, k=9 * 2048), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
     assert plan(_geom(64), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
+    assert plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True).knobs["ws"] == 1
+    assert plan(_geom(48, b=1, sq=4096), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
     assert plan(_geom(64), 132, True, None, False, knobs={"ws": 1}, wg_arch=True).grid == 128
     for knobs, geom, match in (
             ({"ws": 1, "wgs": 2}, _geom(128), "takes only the knobs"),

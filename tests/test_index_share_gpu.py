@@ -369,7 +369,7 @@ def _wg_device(rt) -> bool:
 
 
 @pytest.mark.parametrize("shape", ["decode-g64", "decode-g128-bias", "prefill-g96-f16-h64",
-                                   "prefill-many-g128"])
+                                   "prefill-many-g128", "prefill-many-g64"])
 def test_wg_plans_agree(rt, ledger, rng, shape):
     """The wgmma path (sm_90a): every layout (heads split across warpgroups, keys split
     across warpgroups, one warpgroup), ring depth, split count, split merge, loop (plain or
@@ -388,8 +388,10 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
     elif shape == "prefill-g96-f16-h64":  # two head blocks of 64 (one partial with mrows 128)
         b, n, sq, past, k, dt, h = 1, 96, 37, 700, 300, F16, 64
         bias = (96, 1, "C")
-    else:  # enough rows (>= 4 per SM) for the prefill default: 64-head CTAs, three per SM
+    elif shape == "prefill-many-g128":  # enough rows (>= 4 per SM): the prefill default
         b, n, sq, past, k = 1, 128, 601, 900, 257
+    else:  # 64 heads in many rows: ws too (one consumer warpgroup idle)
+        b, n, sq, past, k = 1, 64, 601, 900, 257
     ins = case(rng, dtype=dt, b=b, n=n, nkv=1, sq=sq, cur=sq, past=past, h=h, k=k, hi=1,
                bias=bias, idt=np.int32, mode="none")
     nd = make_node(n, 1)

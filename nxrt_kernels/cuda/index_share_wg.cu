@@ -127,7 +127,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
   const int Nkv = N / G;
   const long long bh = t.b * Nkv + t.kvh;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int wg = warp >> 2, wq = warp & 3;
+  // Broadcast from lane 0 so the compiler knows the warpgroup is warp-uniform (addresses
+  // and wgmma descriptors derived from it stay in uniform registers).
+  const int wg = __shfl_sync(IS_FULL, warp >> 2, 0), wq = warp & 3;
   const int rw = wg % IS_RWG, kw = wg / IS_RWG;  // this warpgroup's head block and key half
   const int g = lane >> 2, tq = lane & 3;
 
@@ -229,6 +231,8 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
   // S = Q K^T for this warpgroup's 64 heads x 64 keys of the tile in `stage` (issued only).
   auto issue_s = [&](float (&sc)[32], int stage) {
     const unsigned sK = sRing0 + stage * IS_STAGE_BYTES;
+    // One descriptor per base, + (offset >> 4) per k-step (no carry below 256 KiB).
+    const unsigned long long dk = desc_sw128(sK, 16, 1024);
 #pragma unroll
     for (int i = 0; i < 32; ++i) sc[i] = 0.f;
     fence_regs(sc);
@@ -237,10 +241,10 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
     for (int ks = 0; ks < IS_HD / 16; ++ks) {
       const unsigned koff = (ks >> 2) * IS_TBLK + (ks & 3) * 32;
 #if IS_QREG
-      wg_rs<0>(sc, qf[ks], desc_sw128(sK + koff, 16, 1024));  // accumulates onto the zeros
+      wg_rs<0>(sc, qf[ks], dk + (koff >> 4));  // accumulates onto the zeros
 #else
       const unsigned qoff = (ks >> 2) * IS_QBLK + (ks & 3) * 32;
-      wg_ss(sc, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024), ks > 0 ? 1 : 0);
+      wg_ss(sc, desc_sw128(qa, 16, 1024) + (qoff >> 4), dk + (koff >> 4), ks > 0 ? 1 : 0);
 #endif
     }
     wg_commit();
@@ -254,9 +258,9 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
 #if IS_HD == 128  // one m64n128k16 per k-step: the P registers read once
-      wg_rs128(o[0], o[1], pa[kk], desc_sw128(sV + kk * (16 * 128), IS_TBLK, 1024));
+      wg_rs128(o[0], o[1], pa[kk], desc_sw128(sV, IS_TBLK, 1024) + (kk * 16 * 128 >> 4));
 #else
-      wg_rs(o[0], pa[kk], desc_sw128(sV + kk * (16 * 128), IS_TBLK, 1024));
+      wg_rs(o[0], pa[kk], desc_sw128(sV, IS_TBLK, 1024) + (kk * 16 * 128 >> 4));
 #endif
     }
     wg_commit();
@@ -307,7 +311,10 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
     float muse[2];
 #pragma unroll
     for (int x = 0; x < 2; ++x) {
-      const float mn = fmaxf(m_run[x], is_quad_max(tmax[x]));
+      // Lazy rescaling (as is_attn_ws): the reference maximum moves only by more than 8
+      // (log2 units), so O's rescale is skipped on most tiles; O and l share it.
+      const float mt = is_quad_max(tmax[x]);
+      const float mn = mt > m_run[x] + 8.f ? mt : m_run[x];  // -inf + 8 = -inf
       muse[x] = mn == is_neg_inf() ? 0.f : mn;  // keeps exp2(-inf - m) at 0, never NaN
       corr[x] = exp2f(m_run[x] - muse[x]);
       m_run[x] = mn;
