@@ -38,8 +38,13 @@ a wgmma path instead (``cuda/index_share_wg.cu``, sm_90a): 64 heads per warpgrou
 wgmma M dimension, S = Q K^T and O += P V issued asynchronously straight from the swizzled
 cp.async ring; layouts (warpgroups, head rows) in ``WG_LAYOUTS`` and the knobs ``wgs``,
 ``mrows``, ``overlap`` (FA3's intra-warpgroup pipelining), ``qreg`` (Q in registers) and
-``minb`` (3: registers capped so three CTAs share an SM, the prefill default);
-``NXRT_INDEX_SHARE_WG=0`` turns it off. Decode rows split the selected keys over CTAs
+``minb`` (3: registers capped so three CTAs share an SM). Groups above ``WS_MIN_GROUP``
+heads (and of exactly that many in many rows) take the warp-specialised persistent build
+(``cuda/index_share_ws.cu``, knob ``ws``): one CTA per SM loops over (task, split) items
+of up to 128 heads, a producer warpgroup stages and validates each item's index columns one
+item ahead and gathers 128-key tiles into mbarrier rings, two consumer warpgroups share
+every tile (knobs ``ctas``: cap the grid; ``q2``: two Q slots, one split and int32 indices
+only). ``NXRT_INDEX_SHARE_WG=0`` turns the wgmma path off. Decode rows split the selected keys over CTAs
 until they fill the GPU; the task's last CTA merges the split partials in split order.
 Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
 and the plan depends only on shapes and the device.
