@@ -56,12 +56,7 @@
 #ifndef IS_MINB
 #define IS_MINB 1  // __launch_bounds__ min blocks: 3 caps registers at 168 (3 CTAs per SM)
 #endif
-#if IS_DTYPE == 1
-#define NXRT_WG_AB "f16.f16"
-#else
-#define NXRT_WG_AB "bf16.bf16"
-#endif
-#include "wgmma.cuh"
+#include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
 #define IS_THREADS (128 * IS_WGS)
 #define IS_RWG (IS_MROWS / 64)       // warpgroups along heads
@@ -94,15 +89,6 @@ __device__ __forceinline__ unsigned is_smem_u32(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
 }
 
-__device__ __forceinline__ float is_quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(IS_FULL, v, 1));
-  return fmaxf(v, __shfl_xor_sync(IS_FULL, v, 2));
-}
-
-__device__ __forceinline__ float is_quad_sum(float v) {
-  v += __shfl_xor_sync(IS_FULL, v, 1);
-  return v + __shfl_xor_sync(IS_FULL, v, 2);
-}
 
 }  // namespace
 
@@ -308,56 +294,12 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
         tmax[x] = fmaxf(tmax[x], v);
       }
     }
-    float muse[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x) {
-      // Lazy rescaling (as is_attn_ws): the reference maximum moves only by more than 8
-      // (log2 units), so O's rescale is skipped on most tiles; O and l share it.
-      const float mt = is_quad_max(tmax[x]);
-      const float mn = mt > m_run[x] + 8.f ? mt : m_run[x];  // -inf + 8 = -inf
-      muse[x] = mn == is_neg_inf() ? 0.f : mn;  // keeps exp2(-inf - m) at 0, never NaN
-      corr[x] = exp2f(m_run[x] - muse[x]);
-      m_run[x] = mn;
-      l_run[x] = __fmul_rn(l_run[x], corr[x]);
-    }
-    // P = 2^(logit - m), flushed to zero below 2^-126 (ex2_ftz: one MUFU per element). One
-    // FMA per element either way: raw tiles scale here, the others were scaled above (times
-    // 1 is exact); a masked -inf gives 0. The row sums go to two partial sums per row
-    // (independent chains), added in a fixed order (every wg plan shares this code).
-    const float k = raw ? scale_log2 : 1.f;
-    float l2[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int x = (i >> 1) & 1, q = (i >> 2) & 1;
-      sc[i] = ex2_ftz(__fmaf_rn(sc[i], k, -muse[x]));
-      l2[x][q] = __fadd_rn(l2[x][q], sc[i]);
-    }
-#pragma unroll
-    for (int x = 0; x < 2; ++x)
-      l_run[x] = __fadd_rn(l_run[x], __fadd_rn(l2[x][0], l2[x][1]));
+    // P = 2^(logit - m) (ex2_ftz: one MUFU per element): raw tiles scale here, the others
+    // were scaled above (times 1 is exact).
+    is_softmax_step<32>(sc, tmax, raw ? scale_log2 : 1.f, m_run, l_run, corr);
   };
-  // P as the A operand of P V: k-step kk covers keys 16 kk .. +15; registers 0/2 row g
-  // (keys lo/hi 8), 1/3 row g + 8.
-  auto pack = [&](unsigned (&pa)[4][4], const float (&sc)[32]) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      pa[j >> 1][2 * (j & 1) + 0] = is_pack2(sc[4 * j + 0], sc[4 * j + 1]);
-      pa[j >> 1][2 * (j & 1) + 1] = is_pack2(sc[4 * j + 2], sc[4 * j + 3]);
-    }
-  };
-  auto rescale = [&](const float (&corr)[2]) {
-    if (__any_sync(IS_FULL, corr[0] != 1.f || corr[1] != 1.f)) {  // x * 1 is exact: skip
-#pragma unroll
-      for (int qb = 0; qb < IS_HB; ++qb)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          o[qb][4 * j + 0] *= corr[0];
-          o[qb][4 * j + 1] *= corr[0];
-          o[qb][4 * j + 2] *= corr[1];
-          o[qb][4 * j + 3] *= corr[1];
-        }
-    }
-  };
+  auto pack = [&](unsigned (&pa)[4][4], const float (&sc)[32]) { is_acc_pack<32>(pa, sc); };
+  auto rescale = [&](const float (&corr)[2]) { is_acc_rescale<IS_HB>(o, corr); };
   // Wait until at most `pending` copy groups of this thread are in flight, make every
   // thread's copies visible to wgmma, then (nxt >= 0) copy tile nxt into stage nxt % ST,
   // which the caller guarantees every warpgroup has retired (the stage of tile nxt - ST).
@@ -495,18 +437,8 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
                 is_pack2(L > 0.f ? O0 / L : 0.f, L > 0.f ? O1 / L : 0.f);
           }
       } else {
-        const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + row, S, t.s);
-        float* po = part_o + prow * IS_HD + 2 * tq;
-#pragma unroll
-        for (int qb = 0; qb < IS_HB; ++qb)
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            *reinterpret_cast<float2*>(po + 64 * qb + 8 * j) =
-                make_float2(o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
-        if (tq == 0) {
-          part_ml[prow * 2] = m_run[x];
-          part_ml[prow * 2 + 1] = L;
-        }
+        is_acc_store_partial<IS_HB>(o, x, m_run[x], L, part_o, part_ml,
+                                    is_prow(t.b, t.qi, Sq, N, t.h0 + row, S, t.s), tq);
       }
     }
   }

@@ -59,17 +59,9 @@
 #ifndef IS_Q2
 #define IS_Q2 0
 #endif
-#if IS_DTYPE == 1
-#define NXRT_WG_AB "f16.f16"
-#else
-#define NXRT_WG_AB "bf16.bf16"
-#endif
-#include "wgmma.cuh"
+#include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
-#ifndef IS_WS_SLACK
-#define IS_WS_SLACK 8.f  // lazy rescaling: P <= 2^8 (exact in f16/bf16, far from overflow)
-#endif
 
 static_assert(IS_DTYPE == 1 || IS_DTYPE == 2, "wgmma takes f16 or bf16");
 static_assert(IS_HD == 64 || IS_HD == 128, "IS_HD must be 64 or 128");
@@ -141,14 +133,6 @@ __device__ __forceinline__ void cp_async8(unsigned dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src));
 }
 
-__device__ __forceinline__ float ws_quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(IS_FULL, v, 1));
-  return fmaxf(v, __shfl_xor_sync(IS_FULL, v, 2));
-}
-__device__ __forceinline__ float ws_quad_sum(float v) {
-  v += __shfl_xor_sync(IS_FULL, v, 1);
-  return v + __shfl_xor_sync(IS_FULL, v, 2);
-}
 __device__ __forceinline__ int ws_warp_min(int v) {
   for (int off = 16; off > 0; off >>= 1) v = is_imin(v, __shfl_xor_sync(IS_FULL, v, off));
   return v;
@@ -479,52 +463,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
           if ((j & 3) == 3) asm volatile("" ::: "memory");
         }
       }
-      // Lazy rescaling: the reference maximum m_run moves only when a row's maximum
-      // exceeds it by more than IS_WS_SLACK (log2 units), so P = 2^(logit - m_run) stays
-      // below 2^IS_WS_SLACK and O needs its rescale (64 multiplies per thread, skipped
-      // when no row of the warp moved) on few tiles instead of most. O and l share the
-      // reference, so O / l is the same softmax.
-      float muse[2];
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const float mt = ws_quad_max(tmax[x]);
-        const float mn = mt > m_run[x] + IS_WS_SLACK ? mt : m_run[x];  // -inf + c = -inf
-        muse[x] = mn == is_neg_inf() ? 0.f : mn;
-        corr[x] = exp2f(m_run[x] - muse[x]);
-        m_run[x] = mn;
-        l_run[x] = __fmul_rn(l_run[x], corr[x]);
-      }
-      const float kk = raw ? scale_log2 : 1.f;
-      float l2[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-#pragma unroll
-      for (int i = 0; i < NS; ++i) {
-        const int x = (i >> 1) & 1, qq = (i >> 2) & 1;
-        s[i] = ex2_ftz(__fmaf_rn(s[i], kk, -muse[x]));
-        l2[x][qq] = __fadd_rn(l2[x][qq], s[i]);
-      }
-#pragma unroll
-      for (int x = 0; x < 2; ++x) l_run[x] = __fadd_rn(l_run[x], __fadd_rn(l2[x][0], l2[x][1]));
+      is_softmax_step<NS>(s, tmax, raw ? scale_log2 : 1.f, m_run, l_run, corr);
     };
-    auto pack = [&]() {
-#pragma unroll
-      for (int j = 0; j < KT / 8; ++j) {
-        pa[j >> 1][2 * (j & 1) + 0] = is_pack2(s[4 * j + 0], s[4 * j + 1]);
-        pa[j >> 1][2 * (j & 1) + 1] = is_pack2(s[4 * j + 2], s[4 * j + 3]);
-      }
-    };
-    auto rescale = [&]() {
-      if (__any_sync(IS_FULL, corr[0] != 1.f || corr[1] != 1.f)) {
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            o[qb][4 * j + 0] *= corr[0];
-            o[qb][4 * j + 1] *= corr[0];
-            o[qb][4 * j + 2] *= corr[1];
-            o[qb][4 * j + 3] *= corr[1];
-          }
-      }
-    };
+    auto pack = [&]() { is_acc_pack<NS>(pa, s); };
+    auto rescale = [&]() { is_acc_rescale<HB>(o, corr); };
 
     mbar_wait(bar_q(bars, qslot), (qn / QS) & 1);
     if (!active) {
@@ -614,7 +556,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int row = row0 + 8 * x;
-        const float L = ws_quad_sum(l_run[x]);
+        const float L = is_quad_sum(l_run[x]);
         if (row >= t.nh) continue;
         if (S == 1) {
           // One reciprocal per row (a divide per element cost ~15 % of the consumers'
@@ -628,18 +570,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
               *reinterpret_cast<unsigned*>(yr + 64 * qb + 8 * j) =
                   is_pack2(o[qb][4 * j + 2 * x] * inv, o[qb][4 * j + 2 * x + 1] * inv);
         } else {
-          const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + row, S, t.s);
-          float* po = part_o + prow * HD + 2 * tq;
-#pragma unroll
-          for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-              *reinterpret_cast<float2*>(po + 64 * qb + 8 * j) =
-                  make_float2(o[qb][4 * j + 2 * x], o[qb][4 * j + 2 * x + 1]);
-          if (tq == 0) {
-            part_ml[prow * 2] = m_run[x];
-            part_ml[prow * 2 + 1] = L;
-          }
+          is_acc_store_partial<HB>(o, x, m_run[x], L, part_o, part_ml,
+                                   is_prow(t.b, t.qi, Sq, N, t.h0 + row, S, t.s), tq);
         }
       }
     }
