@@ -546,8 +546,9 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         if cap < 1:
             raise KernelError(f"{OP}: ctas={cap} must be >= 1")
         grid = max(1, min(grid, sm_count, cap))
-    if tasks * splits > 2**31 - 1:
-        raise KernelError(f"{OP}: {grid} thread blocks exceed the grid limit; use fewer "
+    # (ws: the persistent kernel's item arithmetic adds up to a grid of SMs in int32.)
+    if tasks * splits > 2**31 - 1 - (sm_count if ws else 0):
+        raise KernelError(f"{OP}: {tasks * splits} work items exceed the grid limit; use fewer "
                           "(batch, query) rows per call")
     rows = g.batch * g.q_len * g.heads
     po = rows * splits * h * 4 if splits > 1 else 0

@@ -17,10 +17,9 @@
 //        latching IS_LATCH_BIT), clamps them into the item's key buffer (two slots) with the
 //        live length and "hole" flag, and arrives on the slot's "keys" mbarrier;
 //     2. K(0) of the item (it streams in while the consumers finish the previous item);
-//     3. Q, once the consumers released the previous item's Q ("Q empty", when its last
-//        S GEMM retired);
-//     4. the next item's index columns (cp.async, one commit group) and an L2 prefetch of
-//        its Q rows;
+//     3. Q, once the consumers released the Q slot's previous item ("Q empty", when its
+//        last S GEMM retired; with IS_Q2 two Q slots, so Q(n + 1) loads under item n);
+//     4. the next item's index columns (cp.async, one commit group);
 //     5. K(it + 1), V(it) for every tile into NST-slot rings guarded by full/empty
 //        mbarriers (cp.async.mbarrier.arrive.noinc; rows by 16-byte cp.async from the keys).
 //   WG1, WG2, the consumers (setmaxnreg.inc to IS_CREG), 64 heads each: attention's loop
