@@ -44,8 +44,9 @@ heads (and of exactly that many in many rows) take the warp-specialised persiste
 of up to 128 heads, a producer warpgroup stages and validates each item's index columns one
 item ahead and gathers 128-key tiles into mbarrier rings, two consumer warpgroups share
 every tile (knobs ``ctas``: cap the grid; ``q2``: two Q slots, one split and int32 indices
-only). ``NXRT_INDEX_SHARE_WG=0`` turns the wgmma path off. Decode rows split the selected keys over CTAs
-until they fill the GPU; the task's last CTA merges the split partials in split order.
+only). ``NXRT_INDEX_SHARE_WG=0`` turns the wgmma path off. Decode rows split the selected
+keys over CTAs until they fill the GPU; the task's last CTA merges the split partials in
+split order.
 Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
 and the plan depends only on shapes and the device.
 """
@@ -352,12 +353,13 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                           "shared index head, >= 8 heads per kv head and 16-byte aligned tensors")
     shared = g.index_heads == 1
     stages, per_sm, ws = 0, 1, 0
+    many = g.batch * g.q_len * g.kv_heads >= 4 * sm_count  # prefill-like: rows fill the GPU
     if use_wg:
-        # Knobs of the barrier-coupled build pin it; its split merge holds 8 partials.
+        # Knobs of the barrier-coupled build pin it; its split merge holds 8 partials of
+        # at most 2048 columns.
         other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
         fits = -(-g.width // 2048) <= WS_MAX_SPLITS
-        many_rows = g.batch * g.q_len * g.kv_heads >= 4 * sm_count
-        wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and many_rows)
+        wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and many)
         ws = int(knobs.get("ws", 1 if wide and fits and not other else 0))
         if ws not in (0, 1):
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
@@ -380,7 +382,6 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # splitting each tile's keys (one CTA per SM with the deepest ring). Prefill (many
         # rows): one-warpgroup 64-head CTAs, three per SM (below), at every group size (N 128
         # as two head blocks per row: 1.97 vs 2.13 ms for one 128-head CTA).
-        many = g.batch * g.q_len * g.kv_heads >= 4 * sm_count
         mrows = int(knobs.get("mrows", 128 if g.group > 64 and not many else 64))
         wgs = int(knobs.get("wgs", 1 if (many and mrows == 64) else 2))
         if (wgs, mrows) not in WG_LAYOUTS:

@@ -213,9 +213,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
     // 16 + i * esz, the column before the split (the left neighbour the rules need) just
     // below it. One commit group.
     auto fetch_index = [&](int item, int slot) {
-      // Laundered: the compiler must not keep this decode live across the tile loop for
-      // the next iteration's (32 bytes of registers the producer does not have).
-      asm volatile("" : "+r"(item));
       const IsTask t = task_of(item);
       const int c_begin = t.s * cps;
       const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
