@@ -39,14 +39,20 @@ wgmma M dimension, S = Q K^T and O += P V issued asynchronously straight from th
 cp.async ring; layouts (warpgroups, head rows) in ``WG_LAYOUTS`` and the knobs ``wgs``,
 ``mrows``, ``overlap`` (FA3's intra-warpgroup pipelining), ``qreg`` (Q in registers) and
 ``minb`` (3: registers capped so three CTAs share an SM). Groups above ``WS_MIN_GROUP``
-heads (and of exactly that many in many rows) take the warp-specialised persistent build
+heads (and of exactly that many in many rows, or in few rows that split in two) take the
+warp-specialised persistent build
 (``cuda/index_share_ws.cu``, knob ``ws``): one CTA per SM loops over (task, split) items
 of up to 128 heads, a producer warpgroup stages and validates each item's index columns one
 item ahead and gathers 128-key tiles into mbarrier rings, two consumer warpgroups share
 every tile (knobs ``ctas``: cap the grid; ``q2``: two Q slots, one split and int32 indices
 only). ``NXRT_INDEX_SHARE_WG=0`` turns the wgmma path off. Decode rows split the selected
 keys over CTAs until they fill the GPU; the task's last CTA merges the split partials in
-split order.
+split order (knob ``merge``: "last", or "kernel" for a separate ``is_combine`` launch). A
+warp-specialised plan with two splits and one item per CTA (decode: B 64 on 132 SMs) runs
+the two splits of a task as a two-CTA cluster instead (``merge="cluster"``, the default
+there): each CTA sends its partner half of its unnormalised output through distributed
+shared memory and finishes the other half, with the last-arrival merge's arithmetic (the
+same bits), and no split partials or counters in global memory.
 Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
 and the plan depends only on shapes and the device.
 """
@@ -121,9 +127,10 @@ WG_QREG_LAYOUT = (1, 64)
 #: three CTAs with 2-stage rings share an SM (prefill N 64: 1.04 vs 1.27 ms, H200).
 WG_MINB = (1, 3)
 #: Groups of heads sharing an index row above this take the warp-specialised build (knob
-#: ``ws``) by default, and groups of exactly this many with many rows (prefill): H200, N 128
-#: prefill 1.05 vs 1.67 ms, decode 42 vs 49 us; N 64 prefill (one consumer warpgroup idle)
-#: 0.79 vs 0.87 ms; N 64 decode keeps the two-warpgroup key split (35 vs 35 us), NOTES.md.
+#: ``ws``) by default, and groups of exactly this many with many rows (prefill) or with the
+#: cluster split merge (decode): H200, N 128 prefill 1.05 vs 1.67 ms, decode 31 vs 49 us;
+#: N 64 prefill (one consumer warpgroup idle) 0.79 vs 0.87 ms; N 64 decode 30 vs 34.5 us
+#: with the cluster merge (35 vs 35 us without), NOTES.md.
 WS_MIN_GROUP = 64
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
@@ -168,10 +175,12 @@ def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
     return Variant("index_share_wg.cu", ("is_attn_wg",), defines, min_arch=90, arch_suffix="a")
 
 
-def _ws_variant(dt: DataType, hd: int, q2: int = 0) -> Variant:
+def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0) -> Variant:
     defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": WS_SLOTS[hd]}
     if q2:
         defines["IS_Q2"] = 1
+    if cluster:
+        defines["IS_CLUSTER"] = 1
     return Variant("index_share_ws.cu", ("is_attn_ws",), defines, min_arch=90, arch_suffix="a")
 
 
@@ -191,7 +200,7 @@ def compile_variants() -> list[Variant]:
                 for wgs, mrows in WG_LAYOUTS for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, ov, 1) for hd in (64, 128) for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, 0, 1, 3) for hd in (64, 128)]
-        out += [_ws_variant(dt, hd, q2) for hd in (64, 128) for q2 in (0, 1)]
+        out += [_ws_variant(dt, hd, q2, cl) for hd in (64, 128) for q2, cl in ((0, 0), (1, 0), (0, 1))]
     return out
 
 
@@ -359,7 +368,12 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # at most 2048 columns.
         other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
         fits = -(-g.width // 2048) <= WS_MAX_SPLITS
-        wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and many)
+        # 64 heads in few rows: ws where its splits come out as two, one item per CTA (the
+        # cluster merge below), else the barrier-coupled two-warpgroup key split.
+        ws_tasks = g.batch * g.q_len * g.kv_heads * -(-g.group // 128)
+        ws_cluster = (ws_tasks * 2 <= sm_count and
+                      _choose_splits(ws_tasks, g.width, _WS_KT, 2048, sm_count) == 2)
+        wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and (many or ws_cluster))
         ws = int(knobs.get("ws", 1 if wide and fits and not other else 0))
         if ws not in (0, 1):
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
@@ -536,24 +550,33 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                               "the CUDA-core path (path_override='simt')")
     else:
         smem = _round_up(cps, 4) * 4 + (4 * hpc * h + 8 * hpc) * 4
+    cap = int(knobs.get("ctas", sm_count)) if ws else sm_count
+    if cap < 1:
+        raise KernelError(f"{OP}: ctas={cap} must be >= 1")
     merge = "none"
     if splits > 1:
-        merge = str(knobs.get("merge", "last"))
-        if merge not in ("last", "kernel"):
-            raise KernelError(f"{OP}: merge={merge!r} must be 'last' or 'kernel'")
+        # ws with two splits and one item per CTA (decode): the two CTAs of a task form a
+        # cluster and merge through distributed shared memory (no partials, no counter).
+        cluster_ok = ws and splits == 2 and tasks * splits <= min(sm_count, cap)
+        merge = str(knobs.get("merge", "cluster" if cluster_ok else "last"))
+        if merge not in ("last", "kernel", "cluster"):
+            raise KernelError(f"{OP}: merge={merge!r} must be 'last', 'kernel' or 'cluster'")
+        if merge == "cluster" and not cluster_ok:
+            raise KernelError(f"{OP}: merge='cluster' needs the warp-specialised build (ws=1), "
+                              f"two splits and one work item per CTA (at most {min(sm_count, cap)}"
+                              f"); this plan has ws={ws}, {splits} splits, {tasks * splits} items")
+        if merge == "cluster":
+            variant = _ws_variant(dt, h, 0, 1)
     grid = tasks * splits
     if ws:  # persistent: at most one CTA per SM (or the ctas knob), each looping over items
-        cap = int(knobs.get("ctas", sm_count))
-        if cap < 1:
-            raise KernelError(f"{OP}: ctas={cap} must be >= 1")
         grid = max(1, min(grid, sm_count, cap))
     # (ws: the persistent kernel's item arithmetic adds up to a grid of SMs in int32.)
     if tasks * splits > 2**31 - 1 - (sm_count if ws else 0):
         raise KernelError(f"{OP}: {tasks * splits} work items exceed the grid limit; use fewer "
                           "(batch, query) rows per call")
     rows = g.batch * g.q_len * g.heads
-    po = rows * splits * h * 4 if splits > 1 else 0
-    pm = rows * splits * 2 * 4 if splits > 1 else 0
+    po = rows * splits * h * 4 if merge in ("last", "kernel") else 0
+    pm = rows * splits * 2 * 4 if merge in ("last", "kernel") else 0
     vb = g.batch * 4 if capacity_scratch else 0
     cb = tasks * 4 if merge == "last" else 0
     part_ml_off = _round_up(po, _ALIGN)
@@ -883,8 +906,8 @@ class IndexShareKernel:
         else:
             k0, v0, k1, v1, len0, len1 = k.ptr, v.ptr, k.ptr, v.ptr, 0, g.cur_len
         bs = bias_strides(g.bias_shape) if bias is not None else (0, 0, 0, 0)
-        part_o = base + plan.part_o_off if plan.splits > 1 else 0
-        part_ml = base + plan.part_ml_off if plan.splits > 1 else 0
+        part_o = base + plan.part_o_off if plan.merge in ("last", "kernel") else 0
+        part_ml = base + plan.part_ml_off if plan.merge in ("last", "kernel") else 0
         rt.launch(fn_attn, plan.grid, plan.threads,
                   [q.ptr, k0, v0, k1, v1, idx.ptr, bias.ptr if bias is not None else 0, y.ptr,
                    part_o, part_ml, counters, latch, valid_ptr,

@@ -838,8 +838,9 @@ def _geom(n: int, nkv: int = 1, b: int = 64, sq: int = 1, k: int = 2048, h: int 
 
 def test_wg_plan_choice_and_layouts():
     plan = index_share._plan
-    # Decode N64 (64 (batch, query) rows): two warpgroups splitting each tile's keys.
-    p = plan(_geom(64), 132, True, None, False, wg_arch=True)
+    # Decode N64 in 3 rows (more than two splits per row; B 64 takes ws with the cluster
+    # merge, below): two warpgroups splitting each tile's keys.
+    p = plan(_geom(64, b=3), 132, True, None, False, wg_arch=True)
     assert (p.path, p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == ("wg", 2, 64, 0)
     assert p.threads == 256 and p.heads_per_cta == 64 and p.splits >= 2
     assert p.smem <= 227 * 1024 and p.stages >= 2
@@ -882,12 +883,21 @@ def test_ws_plan_choice_grid_and_refusals():
     one CTA per SM (or the ctas cap) looping over tasks x splits items, two Q slots where
     they fit (one split, int32 indices), shared memory as the kernel lays it out."""
     plan = index_share._plan
-    # Decode N128: 64 tasks split in two (128 items on 132 SMs), one Q slot (merge weights).
+    # Decode N128: 64 tasks split in two (128 items on 132 SMs), one Q slot; one item per
+    # CTA, so the two splits of a task merge in a two-CTA cluster (no partials, no counters).
     p = plan(_geom(128), 132, True, None, False, wg_arch=True)
     assert (p.path, p.entry, p.threads, p.heads_per_cta) == ("wg", "is_attn_ws", 384, 128)
-    assert (p.knobs["ws"], p.knobs["q2"], p.splits, p.merge) == (1, 0, 2, "last")
-    assert p.grid == min(p.tasks * p.splits, 132) == 128 and p.cps == 1024
+    assert (p.knobs["ws"], p.knobs["q2"], p.splits, p.merge) == (1, 0, 2, "cluster")
+    assert p.variant.defines["IS_CLUSTER"] == 1 and p.nbytes == 0
+    assert p.grid == p.tasks * p.splits == 128 and p.cps == 1024
     assert p.smem == index_share._ws_smem(128, 1024) <= 227 * 1024
+    # Decode N64 (B 64): the same; with fewer SMs than items, or pinned, the last-arrival merge.
+    p = plan(_geom(64), 132, True, None, False, wg_arch=True)
+    assert (p.knobs["ws"], p.splits, p.merge, p.grid) == (1, 2, "cluster", 128)
+    p = plan(_geom(128), 100, True, None, False, knobs={"splits": 2}, wg_arch=True)
+    assert (p.merge, p.grid) == ("last", 100) and "IS_CLUSTER" not in p.variant.defines
+    p = plan(_geom(128), 132, True, None, False, knobs={"merge": "last"}, wg_arch=True)
+    assert p.merge == "last" and p.nbytes > 0 and "IS_CLUSTER" not in p.variant.defines
     # Prefill N128: 4096 items on 132 CTAs, two Q slots; int64 indices keep one.
     p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, wg_arch=True)
     assert (p.knobs["q2"], p.splits, p.grid, p.tasks) == (1, 1, 132, 4096)
@@ -911,7 +921,7 @@ def test_ws_plan_choice_grid_and_refusals():
     # More than 8 x 2048 columns, or 64 heads in few rows (decode), keep the barrier-coupled
     # build unless asked; 64 heads in many rows (prefill) take ws.
     assert plan(_geom(128, k=9 * 2048), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
-    assert plan(_geom(64), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
+    assert plan(_geom(64, b=3), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
     assert plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True).knobs["ws"] == 1
     assert plan(_geom(48, b=1, sq=4096), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
     assert plan(_geom(64), 132, True, None, False, knobs={"ws": 1}, wg_arch=True).grid == 128
@@ -923,7 +933,11 @@ def test_ws_plan_choice_grid_and_refusals():
             ({"ctas": 0}, _geom(128), "ctas=0 must be"),
             ({"q2": 1}, _geom(128), "q2=1 must be 0, or 1 with one split"),
             ({"q2": 1}, _geom(128, b=1, sq=4096, idt=DataType.INT64), "int32 indices"),
-            ({"ws": 1}, _geom(128, k=9 * 2048), "at most 8 splits")):
+            ({"ws": 1}, _geom(128, k=9 * 2048), "at most 8 splits"),
+            ({"merge": "cluster", "splits": 3}, _geom(128), "two splits and one work item"),
+            ({"merge": "cluster", "ctas": 100}, _geom(128), "two splits and one work item"),
+            ({"merge": "cluster", "ws": 0}, _geom(128), "needs the warp-specialised build"),
+            ({"merge": "bogus"}, _geom(128), "must be 'last', 'kernel' or 'cluster'")):
         with pytest.raises(KernelError, match=match):
             plan(geom, 132, True, None, False, knobs=knobs, wg_arch=True)
 
@@ -974,10 +988,10 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
     from nxrt_kernels._ref_index_share import parse_attributes
 
     kern.attrs = parse_attributes(node(64, 1))
-    g = _geom(64)
+    g = _geom(64, b=3)  # (B 64 takes the cluster merge: no scratch)
     metas = [TensorMetadata(d, s) for s, d in zip(
-        [(64, 64, 1, 128), (64, 1, 1, 128), (64, 1, 1, 128), (64, 1, 8191, 128),
-         (64, 1, 8191, 128), (64, 1, 1, 2048)], [DataType.BFLOAT16] * 5 + [DataType.INT32])]
+        [(3, 64, 1, 128), (3, 1, 1, 128), (3, 1, 1, 128), (3, 1, 8191, 128),
+         (3, 1, 8191, 128), (3, 1, 1, 2048)], [DataType.BFLOAT16] * 5 + [DataType.INT32])]
     need = kern.workspace_requirement(metas).nbytes
     wg = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
     assert need >= wg.nbytes > 0

@@ -206,11 +206,13 @@ def kern_violation(kern, views, outs):
     return None
 
 
-@pytest.mark.parametrize("n,knobs", [(16, None), (64, None), (128, {"ws": 1, "ctas": 2})],
-                         ids=["mma", "wg", "ws"])
+@pytest.mark.parametrize("n,knobs", [(16, None), (64, None), (128, {"ws": 1, "ctas": 2}),
+                                     (128, {"ws": 1, "splits": 2, "merge": "cluster"})],
+                         ids=["mma", "wg", "ws", "ws-cluster"])
 @pytest.mark.parametrize("mode", ["none", "capacity"])
 def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n, knobs):
-    b, nkv, h, k = 2, 2, 64, 64
+    # ws-cluster: two splits of 128 columns (the cluster merge needs two).
+    b, nkv, h, k = 2, 2, 64, 256 if knobs and "splits" in knobs else 64
     past = 500
     ins = case(rng, dtype=BF16, b=b, n=n, nkv=nkv, sq=1, cur=1, past=past, h=h, k=k, hi=1,
                bias=(b, 1, 1, "C") if mode == "capacity" else None, idt=np.int32, mode=mode)
@@ -419,18 +421,26 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              {"ws": 1}, {"ws": 1, "ctas": 3}, {"ws": 1, "splits": 3},
              {"ws": 1, "splits": 3, "ctas": 5}, {"ws": 1, "splits": 3, "merge": "kernel"},
              # One or two Q slots: the same arithmetic, the same bits.
-             {"ws": 1, "splits": 1, "q2": 0}, {"ws": 1, "splits": 1, "q2": 1, "ctas": 3}]
+             {"ws": 1, "splits": 1, "q2": 0}, {"ws": 1, "splits": 1, "q2": 1, "ctas": 3},
+             # Two splits: decode rows (one item per CTA) merge in a two-CTA cluster by
+             # default, with the bits of the last-arrival merge.
+             {"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
         assert kern.last_plan.path == "wg", kern.last_plan
         kn = kern.last_plan.knobs
-        if shape == "decode-g64":  # 64 heads: two warpgroups splitting each tile's keys
+        if shape == "decode-g64":  # 64 heads in 3 rows (more than two splits each): two
+            # warpgroups splitting each tile's keys (B 64 takes ws with the cluster merge)
             assert (kn["ws"], kn["wgs"], kn["mrows"]) == (0, 2, 64), kn
         else:  # more than 64 heads share a row: the warp-specialised build
             assert kn["ws"] == 1 and kn["q2"] == (kern.last_plan.splits == 1), kn
         _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg"),
                      TOL[DataType.from_numpy(dt)], repeats=2)
+        kern.plan_override = {"ws": 1, "splits": 2}  # cluster: one item per CTA
+        run(rt, kern, views, [y])
+        p = kern.last_plan
+        assert p.merge == ("cluster" if 2 * p.tasks <= rt.capabilities.sm_count else "last"), p
     finally:
         kern.close()
         free(arrs, [y])

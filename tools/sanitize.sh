@@ -79,8 +79,8 @@ python3 -m nxrt.cli warm > "$OUT/warm.log" 2>&1 || echo "warning: nxrt warm fail
 # attention, split-KV combine, unfused GEMM/softmax; MLA 64/32-key tiles, split-KV, simple
 # path, RoPE writes, slot -1; IndexShare SIMT and MMA paths, capacity frontier/scatter,
 # concat copies, split-K combine, device index validation with poisoned rows, the
-# warp-specialised persistent wgmma build with one and two Q slots; out-of-range
-# block/slot/position ids that must latch instead of faulting).
+# warp-specialised persistent wgmma build with one and two Q slots and its two-CTA cluster
+# merge; out-of-range block/slot/position ids that must latch instead of faulting).
 ATTN_K="(test_vs_reference and (q17k128D64 or q1k17D80 or q128k17D64 or q17k17D80 \
 or q128k1000D64)) \
 or test_split_kv or test_simt_fallback or test_empty_keys or test_strided_views \
@@ -96,8 +96,9 @@ or test_eager_rejects_bad_rows or test_capture_replay_and_poisoned_indices"
 ATTN_K_RACE="(test_vs_reference and (q17k128D64 or q1k17D80)) or test_simt_fallback \
 or (test_split_kv and fused-4) or (test_wg_persistent and q128k1000D128)"
 PAGED_K_RACE="test_mla_32_key_tiles or (test_simple_odd_head and bf16) or test_slot_minus_one"
-IS_K_RACE="test_matches_reference and (f16-mha-hiN-rank2 or bf16-mma-wm1-rank4-cap \
-or f32-decode-splitk or f32-cap-hiN-k1 or bf16-wg-h64-g96-cap or f16-ws-gqa2-g128-h64)"
+IS_K_RACE="(test_matches_reference and (f16-mha-hiN-rank2 or bf16-mma-wm1-rank4-cap \
+or f32-decode-splitk or f32-cap-hiN-k1 or bf16-wg-h64-g96-cap or f16-ws-gqa2-g128-h64)) \
+or (test_capture_replay_and_poisoned_indices and ws-cluster and none)"
 
 run_tool() {
   local tool=$1 ak=$2 pk=$3 ik=$4 log="$OUT/$1.log" t0 rc

@@ -46,11 +46,13 @@ TOL_BF16 = 1e-2
 # "p1"/"p2" pin the tensor-core per-tile pipeline (IS_PIPE): p1 the first one, p2 the lean
 # issue/score path (bitwise the same results); decode rows first, they are the target.
 # Entries without "pipe" take the planner's default pipeline (_DEFAULT_PIPE). "ws" entries
-# are the warp-specialised persistent build (cuda/index_share_ws.cu).
+# are the warp-specialised persistent build (cuda/index_share_ws.cu); its two-split decode
+# plans merge in two-CTA clusters by default ("-last": the last-arrival merge instead).
 VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ("decode", 64): [
         ("default", None),
         ("ws-S2", {"path": "wg", "ws": 1, "splits": 2}),
+        ("ws-S2-last", {"path": "wg", "ws": 1, "splits": 2, "merge": "last"}),
         ("ws-S3", {"path": "wg", "ws": 1, "splits": 3}),
         ("ws-S4", {"path": "wg", "ws": 1, "splits": 4}),
         ("wg:2x64-S2", {"path": "wg", "wgs": 2, "mrows": 64, "splits": 2}),
@@ -90,6 +92,7 @@ VARIANTS: dict[tuple[str, int], list[tuple[str, dict | None]]] = {
     ("decode", 128): [
         ("default", None),
         ("ws-S2", {"path": "wg", "ws": 1, "splits": 2}),
+        ("ws-S2-last", {"path": "wg", "ws": 1, "splits": 2, "merge": "last"}),
         ("ws-S3", {"path": "wg", "ws": 1, "splits": 3}),
         ("ws-S4", {"path": "wg", "ws": 1, "splits": 4}),
         ("wg:2x128-S2", {"path": "wg", "wgs": 2, "mrows": 128, "splits": 2}),

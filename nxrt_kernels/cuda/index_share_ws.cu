@@ -39,8 +39,17 @@
 // [128 keys][128 B] each), 256 bytes of mbarriers, the merge weights [128][IS_WS_MAXS + 1]
 // floats, two key slots of cps ints, two raw index slots of 16 + 8 cps bytes.
 //
+// IS_CLUSTER (decode: one item per CTA, two splits per task): clusters of two CTAs, rank =
+// split, merge through distributed shared memory instead of global partials and an
+// arrival counter. Each CTA sends the partner the half of its unnormalised O (and its row
+// m, l) that the partner finishes, by st.async into the partner's K/V rings (free once a
+// cluster barrier says both loops are done) completing bytes on the partner's exchange
+// mbarrier, then finishes its own half of the head size with the arithmetic of
+// is_finish_if_last_v4 (the same bits) in a short loop (this tail runs once per CTA from a
+// cold instruction cache: unrolled, it cost ~3 us).
+//
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_NST (ring slots, 2-4: shared
-// memory allows 2 at IS_HD 128), IS_PREG / IS_CREG (setmaxnreg counts).
+// memory allows 2 at IS_HD 128), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER.
 #include "index_share_mma.cuh"
 
 #ifndef IS_HD
@@ -58,6 +67,12 @@
 #ifndef IS_Q2
 #define IS_Q2 0
 #endif
+#ifndef IS_CLUSTER
+#define IS_CLUSTER 0
+#endif
+#ifndef IS_PF
+#define IS_PF 0
+#endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
@@ -65,6 +80,7 @@
 static_assert(IS_DTYPE == 1 || IS_DTYPE == 2, "wgmma takes f16 or bf16");
 static_assert(IS_HD == 64 || IS_HD == 128, "IS_HD must be 64 or 128");
 static_assert(IS_NST >= 2 && IS_NST <= 4, "two to four ring slots");
+static_assert(!(IS_CLUSTER && IS_Q2), "the cluster merge is for two splits; IS_Q2 for one");
 
 namespace {
 
@@ -97,6 +113,8 @@ static_assert(NTP * PREG + 2 * NTP * CREG <= 168 * NT, "register reallocation ov
 static_assert(RSTEP % 8 == 0, "a producer thread's rows share one swizzled chunk position");
 static_assert(OFF_KEY % 16 == 0 && QBLK % 1024 == 0 && TBLK % 1024 == 0, "alignment");
 static_assert(OFF_KEY <= 232448, "more than the 227 KiB of opt-in shared memory per block");
+constexpr int XH = 4 * HB;  // IS_CLUSTER: float4s of O a consumer thread sends its partner
+static_assert((2 * XH + 1) * 256 * 16 <= 2 * NST * T_BYTES, "the cluster exchange fits the rings");
 
 // mbarriers (8 bytes each): keys full and keys empty per key slot, K full, V full, K empty
 // and V empty per ring slot, then Q full and Q empty per Q slot.
@@ -114,10 +132,16 @@ __device__ __forceinline__ unsigned bar_q(unsigned b, int s) { return b + 8 * (4
 __device__ __forceinline__ unsigned bar_qempty(unsigned b, int s) {
   return b + 8 * (6 + 4 * NST + s);
 }
-static_assert(8 * (8 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
+#if IS_CLUSTER
+// The exchange's transaction mbarrier after them.
+__device__ __forceinline__ unsigned bar_xch(unsigned b) { return b + 8 * (8 + 4 * NST); }
+#endif
+static_assert(8 * (9 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
 
 constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
-constexpr int BAR_CONS = 3;              // the 256 consumer threads
+#if !IS_Q2 && !IS_CLUSTER
+constexpr int BAR_CONS = 3;              // the 256 consumer threads (split merge)
+#endif
 constexpr int BAR_PROD = 4;              // the 128 producer threads
 
 __device__ __forceinline__ unsigned ws_smem_u32(const void* p) {
@@ -137,6 +161,35 @@ __device__ __forceinline__ int ws_warp_min(int v) {
   return v;
 }
 
+#if IS_CLUSTER
+// The partner CTA's shared address for this CTA's address `a`.
+__device__ __forceinline__ unsigned ws_mapa(unsigned a, unsigned rank) {
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+  return r;
+}
+// Cluster barrier halves: every thread of both CTAs arrives (relaxed), then waits (acquire).
+__device__ __forceinline__ void ws_cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void ws_cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// 16 bytes into the partner's shared memory at `a`, completing `bytes` of the transaction
+// count of the partner's mbarrier `rbar`.
+__device__ __forceinline__ void ws_st_async4(unsigned a, float x, float y, float z, float w,
+                                             unsigned rbar) {
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+      ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w), "r"(rbar)
+      : "memory");
+}
+__device__ __forceinline__ void ws_mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+#endif
+
 // One arrival per warp on an "empty" mbarrier (after the warp's reads of the slot).
 __device__ __forceinline__ void ws_release(unsigned bar, int lane) {
   __syncwarp();
@@ -145,7 +198,11 @@ __device__ __forceinline__ void ws_release(unsigned bar, int lane) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(NT, 1)
+#if IS_CLUSTER
+    __cluster_dims__(2, 1, 1)
+#endif
+    is_attn_ws(IS_ATTN_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // Keys and raw index slots follow the fixed layout; cps sizes them.
   const int key_bytes = 2 * cps * 4;
@@ -159,18 +216,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
         blockDim.x != (unsigned)NT || blockDim.y != 1u || blockDim.z != 1u ||
         S > (IS_Q2 ? 1 : IS_WS_MAXS) || (IS_Q2 && idx64))
       return;
+#if IS_CLUSTER
+    // One item per CTA, the two splits of a task in one cluster (uniform: both CTAs leave).
+    if (S != 2 || (int)gridDim.x != items || (items & 1)) return;
+#endif
   }
   unsigned char* smem = smem_raw + ((1024u - (ws_smem_u32(smem_raw) & 1023u)) & 1023u);
   const unsigned sbase = ws_smem_u32(smem);
   const unsigned bars = sbase + OFF_BAR;
   int* s_keys = reinterpret_cast<int*>(smem + OFF_KEY);            // [2][cps]
   unsigned char* s_raw = smem + OFF_KEY + key_bytes;                 // [2][raw_slot]
-#if !IS_Q2
+#if !IS_Q2 && !IS_CLUSTER
   float* s_w = reinterpret_cast<float*>(smem + OFF_W);
 #endif
   __shared__ int s_meta[2][2];  // per key slot: live length, hole (a -1 before it)
   __shared__ int s_red[4][2];   // producer warps' live / first -1
+#if !IS_Q2 && !IS_CLUSTER
   __shared__ int s_flag;
+#endif
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   // The warpgroup, broadcast from lane 0 so the compiler knows it is warp-uniform: the
@@ -180,7 +243,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
   const int g = lane >> 2, tq = lane & 3;
   const int Nkv = N / G;
   const int n_rounds = (items + (int)gridDim.x - 1) / (int)gridDim.x;
+#if IS_CLUSTER
+  // Cluster rank = blockIdx.x & 1 = the split: item (task, s) of CTA pair blockIdx.x >> 1.
+  const int cl_rank = (int)(blockIdx.x & 1u);
+  auto item_at = [&](int r) {
+    const int pair = (int)(blockIdx.x >> 1);
+    return ((pair / U) * 2 + cl_rank) * U + pair % U + r * (int)gridDim.x;
+  };
+#else
   auto item_at = [&](int r) { return (int)blockIdx.x + r * (int)gridDim.x; };
+#endif
   auto task_of = [&](int item) {
     return is_decode_task_at(item, Sq, G, U, HBK, shared_idx, S, BM);
   };
@@ -201,8 +273,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
       mbar_init(bar_kempty(bars, s), EMPTY_ARRIVALS);
       mbar_init(bar_vempty(bars, s), EMPTY_ARRIVALS);
     }
+#if IS_CLUSTER
+    mbar_init(bar_xch(bars), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
   }
   __syncthreads();  // the last CTA-wide barrier
+#if IS_CLUSTER
+  ws_cluster_arrive_relaxed();  // phase 1: the exchange mbarrier is initialised (waited below)
+#endif
 
   if (wg == 0) {
     // ======== Producer.
@@ -226,8 +305,28 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
       }
       is_cp_async_commit();
     };
+    // Q of item `t` into Q slot qn % QS (rows past nh zero), once the consumers released
+    // the slot's previous item.
+    auto load_q = [&](const IsTask& t, int qn) {
+      if (qn >= QS) mbar_wait(bar_qempty(bars, qn % QS), ((qn - QS) / QS) & 1);
+      const unsigned sq = sbase + (qn % QS) * Q_BYTES;
+#pragma unroll 4
+      for (int kq = 0; kq < BM / RSTEP; ++kq) {
+        const int rr = r0 + kq * RSTEP;
+        const bool ok = rr < t.nh;
+        const is_t* src =
+            ok ? q + ((t.b * N + t.h0 + rr) * (long long)Sq + t.qi) * HD + c * 8 : q;
+        is_cp_async16_s(sq + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
+      }
+      cp_async_mbar_arrive(bar_q(bars, qn % QS));
+    };
     int gt = 0, qn = 0;  // ring tiles and items issued so far
-    if (n_rounds > 0 && item_at(0) < items) fetch_index(item_at(0), 0);
+    if (n_rounds > 0 && item_at(0) < items) {
+      fetch_index(item_at(0), 0);
+      // The first item's Q does not depend on its indices: it loads under their fetch
+      // (after the commit, so the index wait below does not wait for it).
+      load_q(task_of(item_at(0)), 0);
+    }
     for (int r = 0; r < n_rounds; ++r) {
       const int item = item_at(r);
       if (item >= items) break;
@@ -317,24 +416,34 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
       const is_t* kp1 = k1 + base1 * HD + c * 8;
       const is_t* vp0 = v0 + base0 * HD + c * 8;
       const is_t* vp1 = v1 + base1 * HD + c * 8;
+#if IS_PF
+      // L2 prefetch (one line at a time) of tile `tile`'s K and V rows, thread p: column p.
+      auto prefetch = [&](int tile) {
+        const int kj = keys[tile * KT + p];
+        if (kj >= 0) {
+          const long long row = kj >= len0 ? base1 + kj : base0 + kj;
+          const is_t* kr = (kj >= len0 ? k1 : k0) + row * HD;
+          const is_t* vr = (kj >= len0 ? v1 : v0) + row * HD;
+#pragma unroll
+          for (int l = 0; l < HB; ++l) {
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kr + 64 * l));
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vr + 64 * l));
+          }
+        }
+      };
+      for (int tl = 1; tl < IS_PF && tl < ntiles; ++tl) prefetch(tl);
+#endif
       // 2. K(0).
       if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1, k0);
-      // 3. Q (rows past nh zero), once the consumers released the previous item's.
-      if (qn >= QS) mbar_wait(bar_qempty(bars, qn % QS), ((qn - QS) / QS) & 1);
-      const unsigned sq = sbase + (qn % QS) * Q_BYTES;
-#pragma unroll 4
-      for (int kq = 0; kq < BM / RSTEP; ++kq) {
-        const int rr = r0 + kq * RSTEP;
-        const bool ok = rr < t.nh;
-        const is_t* src =
-            ok ? q + ((t.b * N + t.h0 + rr) * (long long)Sq + t.qi) * HD + c * 8 : q;
-        is_cp_async16_s(sq + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
-      }
-      cp_async_mbar_arrive(bar_q(bars, qn % QS));
+      // 3. Q (the first item's is on its way).
+      if (r > 0) load_q(t, qn);
       // 4. The next item's index columns.
       if (r + 1 < n_rounds && item_at(r + 1) < items) fetch_index(item_at(r + 1), slot ^ 1);
       // 5. K(it + 1), V(it).
       for (int it = 0; it < ntiles; ++it) {
+#if IS_PF
+        if (it + IS_PF < ntiles) prefetch(it + IS_PF);
+#endif
         if (it + 1 < ntiles)
           fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt + it + 1, sbase + OFF_K, it + 1, kp0,
                kp1, k0);
@@ -346,6 +455,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
     // Stay until every copy has landed (and so has arrived on its barrier).
     is_cp_async_commit();
     is_cp_async_wait(0);
+#if IS_CLUSTER
+    ws_cluster_wait();  // the consumers' exchange (every thread of the cluster takes part)
+    ws_cluster_arrive_relaxed();
+    ws_cluster_wait();
+#endif
     return;
   }
 
@@ -353,6 +467,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
   setmaxnreg_inc<CREG>();
   const int cw = wg - 1;
   const int ctid = tid - NTP;
+  (void)ctid;  // (the split merges use it)
   const unsigned qa0 = sbase + 64 * cw * 128;  // this WG's 64 rows of Q slot 0
   const int bar_mine = BAR_PP1 + cw, bar_other = BAR_PP2 - cw;
   const int row0 = 64 * cw + 16 * wq + g;  // this thread's item rows row0 and row0 + 8
@@ -547,6 +662,85 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
     }
     ++qn;
 
+#if IS_CLUSTER
+    // ---- The split merge with the partner CTA (rank = split; see the header). Exchange
+    // buffer in the K ring, float4 granules [2 XH + 1][256]: the partner's half of O
+    // (granules 0 .. XH - 1), this thread's own half (XH .. 2 XH - 1), the partner's
+    // (m0, m1, L0, L1) (2 XH); thread ctid's granule g at byte 16 (256 g + ctid).
+    {
+      const float Lq[2] = {is_quad_sum(l_run[0]), is_quad_sum(l_run[1])};
+      static_assert(OFF_V == OFF_K + NST * T_BYTES, "the rings are contiguous");
+      const unsigned xbuf = sbase + OFF_K + 16u * (unsigned)ctid;
+      float4* xloc = reinterpret_cast<float4*>(smem + OFF_K) + ctid;
+      ws_cluster_wait();  // phase 1 (the partner's exchange mbarrier is initialised)
+      if (ctid == 0)
+        ws_mbar_expect_tx(bar_xch(bars), (t.nh > 64 ? 256u : 128u) * (XH + 1) * 16u);
+      ws_cluster_arrive_relaxed();  // phase 2: both CTAs' rings are read
+      ws_cluster_wait();
+      if (active) {
+        const unsigned rx = ws_mapa(xbuf, (unsigned)(cl_rank ^ 1));
+        const unsigned rbar = ws_mapa(bar_xch(bars), (unsigned)(cl_rank ^ 1));
+        int n = 0;
+#pragma unroll
+        for (int J = 0; J < 8 * HB; ++J) {
+          const float* v = &o[J >> 3][4 * (J & 7)];
+          if (J / XH == cl_rank) {  // the half this CTA finishes: to its own granules
+            xloc[256 * (XH + (J % XH))] = make_float4(v[0], v[1], v[2], v[3]);
+          } else {
+            ws_st_async4(rx + 4096u * n, v[0], v[1], v[2], v[3], rbar);
+            ++n;
+          }
+        }
+        ws_st_async4(rx + 4096u * (2 * XH), m_run[0], m_run[1], Lq[0], Lq[1], rbar);
+        mbar_wait(bar_xch(bars), 0);  // the partner's half landed in our ring
+        const float4 pml = xloc[256 * (2 * XH)];
+        const float mo[2] = {pml.x, pml.y}, lo[2] = {pml.z, pml.w};
+        float a0[2], a1[2], L[2];
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          // is_finish_if_last_v4's weights and denominator, split 0 first.
+          const float m0 = cl_rank == 0 ? m_run[x] : mo[x], m1 = cl_rank == 0 ? mo[x] : m_run[x];
+          const float l0 = cl_rank == 0 ? Lq[x] : lo[x], l1 = cl_rank == 0 ? lo[x] : Lq[x];
+          const float M = fmaxf(fmaxf(is_neg_inf(), m0), m1);
+          a0[x] = a1[x] = 0.f;
+          L[x] = 0.f;
+          if (M != is_neg_inf()) {
+            a0[x] = exp2f(m0 - M);
+            L[x] = __fmaf_rn(l0, a0[x], L[x]);
+            a1[x] = exp2f(m1 - M);
+            L[x] = __fmaf_rn(l1, a1[x], L[x]);
+          }
+        }
+        // One short loop (not unrolled: this tail runs once per CTA, from a cold
+        // instruction cache) over this CTA's half: O = (o0 a0 + o1 a1) / L, as
+        // is_finish_if_last_v4 rounds it.
+        const long long yrow0 = (t.b * N + t.h0 + row0) * (long long)Sq + t.qi;
+#pragma unroll 1
+        for (int jj = 0; jj < XH; ++jj) {
+          const float4 own = xloc[256 * (XH + jj)], oth = xloc[256 * jj];
+          const float4 s0 = cl_rank == 0 ? own : oth, s1 = cl_rank == 0 ? oth : own;
+          const float p0[4] = {s0.x, s0.y, s0.z, s0.w}, p1[4] = {s1.x, s1.y, s1.z, s1.w};
+          const int J = cl_rank * XH + jj;  // dims 8 J + 2 tq + {0, 1} of rows x = 0, 1
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            if (row0 + 8 * x >= t.nh) continue;
+            float out[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float acc = __fmaf_rn(p0[2 * x + e], a0[x], 0.f);
+              acc = __fmaf_rn(p1[2 * x + e], a1[x], acc);
+              out[e] = L[x] > 0.f ? acc / L[x] : 0.f;  // the same bits as is_store(O / L)
+            }
+            *reinterpret_cast<unsigned*>(y + (yrow0 + 8 * x * (long long)Sq) * HD + 8 * J +
+                                         2 * tq) = is_pack2(out[0], out[1]);
+          }
+        }
+      }
+    }
+    (void)part_o;
+    (void)part_ml;
+    (void)counters;
+#else
     // ---- The item's rows (one split) or partials (is_attn_wg's stores).
     if (active) {
 #pragma unroll
@@ -577,6 +771,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) is_attn_ws(IS_ATTN_PARAMS) {
                                            N, t.h0, t.nh, &s_flag, s_w, ctid,
                                            [] { named_bar_sync(BAR_CONS, 2 * NTP); });
 #endif
+#endif  // IS_CLUSTER
   }
   (void)H;
   (void)lpk;
