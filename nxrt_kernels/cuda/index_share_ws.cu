@@ -45,8 +45,7 @@
 // m, l) that the partner finishes, by st.async into the partner's K/V rings (free once a
 // cluster barrier says both loops are done) completing bytes on the partner's exchange
 // mbarrier, then finishes its own half of the head size with the arithmetic of
-// is_finish_if_last_v4 (the same bits) in a short loop (this tail runs once per CTA from a
-// cold instruction cache: unrolled, it cost ~3 us).
+// is_finish_if_last_v4 (the same bits).
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_NST (ring slots, 2-4: shared
 // memory allows 2 at IS_HD 128), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER.
@@ -69,9 +68,6 @@
 #endif
 #ifndef IS_CLUSTER
 #define IS_CLUSTER 0
-#endif
-#ifndef IS_PF
-#define IS_PF 0
 #endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
@@ -416,23 +412,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const is_t* kp1 = k1 + base1 * HD + c * 8;
       const is_t* vp0 = v0 + base0 * HD + c * 8;
       const is_t* vp1 = v1 + base1 * HD + c * 8;
-#if IS_PF
-      // L2 prefetch (one line at a time) of tile `tile`'s K and V rows, thread p: column p.
-      auto prefetch = [&](int tile) {
-        const int kj = keys[tile * KT + p];
-        if (kj >= 0) {
-          const long long row = kj >= len0 ? base1 + kj : base0 + kj;
-          const is_t* kr = (kj >= len0 ? k1 : k0) + row * HD;
-          const is_t* vr = (kj >= len0 ? v1 : v0) + row * HD;
-#pragma unroll
-          for (int l = 0; l < HB; ++l) {
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(kr + 64 * l));
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(vr + 64 * l));
-          }
-        }
-      };
-      for (int tl = 1; tl < IS_PF && tl < ntiles; ++tl) prefetch(tl);
-#endif
       // 2. K(0).
       if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1, k0);
       // 3. Q (the first item's is on its way).
@@ -441,9 +420,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       if (r + 1 < n_rounds && item_at(r + 1) < items) fetch_index(item_at(r + 1), slot ^ 1);
       // 5. K(it + 1), V(it).
       for (int it = 0; it < ntiles; ++it) {
-#if IS_PF
-        if (it + IS_PF < ntiles) prefetch(it + IS_PF);
-#endif
         if (it + 1 < ntiles)
           fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt + it + 1, sbase + OFF_K, it + 1, kp0,
                kp1, k0);
@@ -664,7 +640,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 
 #if IS_CLUSTER
     // ---- The split merge with the partner CTA (rank = split; see the header). Exchange
-    // buffer in the K ring, float4 granules [2 XH + 1][256]: the partner's half of O
+    // buffer in the K and V rings, float4 granules [2 XH + 1][256]: the partner's half of O
     // (granules 0 .. XH - 1), this thread's own half (XH .. 2 XH - 1), the partner's
     // (m0, m1, L0, L1) (2 XH); thread ctid's granule g at byte 16 (256 g + ctid).
     {
@@ -711,9 +687,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             L[x] = __fmaf_rn(l1, a1[x], L[x]);
           }
         }
-        // One short loop (not unrolled: this tail runs once per CTA, from a cold
-        // instruction cache) over this CTA's half: O = (o0 a0 + o1 a1) / L, as
-        // is_finish_if_last_v4 rounds it.
+        // This CTA's half, from the staged granules in one short loop (not unrolled: the
+        // code runs once per CTA): O = (o0 a0 + o1 a1) / L, as is_finish_if_last_v4 rounds it.
         const long long yrow0 = (t.b * N + t.h0 + row0) * (long long)Sq + t.qi;
 #pragma unroll 1
         for (int jj = 0; jj < XH; ++jj) {
