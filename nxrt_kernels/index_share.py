@@ -557,6 +557,8 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     if splits > 1:
         # ws with two splits and one item per CTA (decode): the two CTAs of a task form a
         # cluster and merge through distributed shared memory (no partials, no counter).
+        # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
+        # resident at once; a larger grid would still be correct, in more than one wave.
         cluster_ok = ws and splits == 2 and tasks * splits <= min(sm_count, cap)
         merge = str(knobs.get("merge", "cluster" if cluster_ok else "last"))
         if merge not in ("last", "kernel", "cluster"):
