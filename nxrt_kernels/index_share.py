@@ -368,12 +368,13 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # at most 2048 columns.
         other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
         fits = -(-g.width // 2048) <= WS_MAX_SPLITS
-        # 64 heads in few rows: ws where its splits come out as two, one item per CTA (the
-        # cluster merge below), else the barrier-coupled two-warpgroup key split.
-        ws_tasks = g.batch * g.q_len * g.kv_heads * -(-g.group // 128)
-        ws_cluster = (ws_tasks * 2 <= sm_count and
-                      _choose_splits(ws_tasks, g.width, _WS_KT, 2048, sm_count) == 2)
-        wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and (many or ws_cluster))
+        wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and many)
+        if g.group == WS_MIN_GROUP and not many:
+            # 64 heads in few rows: ws where its splits come out as two, one item per CTA
+            # (the cluster merge below), else the barrier-coupled two-warpgroup key split.
+            ws_tasks = g.batch * g.q_len * g.kv_heads
+            wide = (ws_tasks * 2 <= sm_count and
+                    _choose_splits(ws_tasks, g.width, _WS_KT, 2048, sm_count) == 2)
         ws = int(knobs.get("ws", 1 if wide and fits and not other else 0))
         if ws not in (0, 1):
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
