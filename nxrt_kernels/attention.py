@@ -38,7 +38,11 @@ Paths
     (batch, kv head); fixed split order, so results are bitwise reproducible). One launch per
     call. Masks, softcap, causal and window as ``tc``. ``auto`` takes it for such calls when
     the module flag ``DECODE_PATH`` is ``"single"`` (``"tc"``: the mma.sync kernel + split-KV
-    + ``attn_combine``, the measured route); ``path="decode"`` forces it.
+    + ``attn_combine``, the measured route); ``path="decode"`` forces it. On compute
+    capability 9.0+, when the split count is a cluster size of ``DEC_CLUSTERS`` (2, 4, 8),
+    the split CTAs of a row tile form one thread-block cluster instead and merge through
+    distributed shared memory (``dec_merge="cluster"``, the default there, see
+    :func:`dec_cluster_reason`): no partials, counters or workspace, the same bits.
 ``unfused``
     ``S = scale · Q Kᵀ`` (f32) into the workspace, a masked softmax in place, then ``P V``
     (``cuda/attention_gemm.cu``, ``cuda/attention_rows.cu``). Any D.
@@ -54,11 +58,12 @@ every fused call that does not split (all prefill shapes that fill the GPU) and 
 ``split_layout(...)`` bytes otherwise. Called without a workspace, the fused path does not
 split (correct, slower; never allocates), so it is capture-safe either way.
 
-Decode split counters: a CTA arrives on its row tile's counter and the last one merges; the
-counters must be zero at launch and the merging CTA re-arms them. They live in a small pool
-owned by the kernel (allocated and zeroed by the first eager split call, freed by
-:meth:`AttentionKernel.close`), so graph replays need no memset; a call that has no pool yet
-while capturing uses the tail of the workspace instead and clears it with a memset first.
+Decode split counters (the memory merge, ``dec_merge="last"``): a CTA arrives on its row
+tile's counter and the last one merges; the counters must be zero at launch and the merging
+CTA re-arms them. They live in a small pool owned by the kernel (allocated and zeroed by the
+first eager split call, freed by :meth:`AttentionKernel.close`), so graph replays need no
+memset; a call that has no pool yet while capturing uses the tail of the workspace instead
+and clears it with a memset first.
 
 Path choice (``path="auto"``)
 -----------------------------
@@ -114,7 +119,7 @@ __all__ = ["AttentionFactory", "AttentionKernel", "Attrs", "Dims", "Plan", "comp
            "parse_attributes", "check_dims", "plan", "split_layout", "unfused_layout",
            "choose_splits", "tc_head_dim", "tc_smem_bytes", "simt_smem_bytes", "wg_smem_bytes",
            "wg_reason", "WG_DEFAULT", "DECODE_PATH", "decode_reason", "decode_splits",
-           "decode_layout", "dec_smem_bytes"]
+           "decode_layout", "dec_smem_bytes", "dec_cluster_reason", "DEC_CLUSTERS", "DEC_MERGES"]
 
 OP = "pkg.nxrt::Attention"
 DOMAIN, OP_TYPE = "pkg.nxrt", "Attention"
@@ -176,6 +181,13 @@ DEC_MAX_ROWS = 16         # packed query rows G·Sq of one CTA (one mma row bloc
 DEC_MAX_SPLITS = 64       # as DEC_MAX_SPLITS in attention_fused_tc.cu (weights in shared memory)
 DEC_CTAS_PER_SM = 2       # resident decode CTAs per SM (H100/H200 shared memory)
 DEC_MIN_TILES = 2         # key tiles per split at least (a split costs a partial and a merge)
+#: Cluster sizes of the decode builds whose split CTAs merge through distributed shared memory
+#: (compute capability 9.0+, build ``DEC_CLUSTER``): a decode plan whose split count is one of
+#: these takes that merge unless ``dec_merge="last"``.
+DEC_CLUSTERS = (2, 4, 8)
+#: ``dec_merge`` values: ``auto`` (cluster where :func:`dec_cluster_reason` allows, else the
+#: last-arriving CTA through memory), ``last`` (always through memory), ``cluster`` (forced).
+DEC_MERGES = ("auto", "last", "cluster")
 
 
 # --------------------------------------------------------------------------- attributes
@@ -431,6 +443,27 @@ def dec_smem_bytes(dp: int) -> int:
     return 16 * (dp + 8) * 2 + stages * 2 * 16 * nwarps * (dp + 8) * 2
 
 
+def dec_cluster_reason(dims: Dims, dp: int, splits: int,
+                       cc: tuple[int, int] | None) -> str | None:
+    """Why the decode split merge of this call cannot run in a thread-block cluster (None: it
+    can). Rank 0 receives every split's partial (O [splits][G·Sq][D] and (max, sum) in f32) in
+    its idle K/V ring, after the warp-merge scratch (as the receive area in
+    attention_fused_tc.cu)."""
+    if cc is None or tuple(cc) < (9, 0):
+        return f"compute capability {cc} (thread-block clusters need 9.0+)"
+    if splits not in DEC_CLUSTERS:
+        return f"{splits} splits (cluster builds: {', '.join(map(str, DEC_CLUSTERS))})"
+    nwarps, stages = DEC_TILES[dp]
+    ring = stages * 2 * 16 * nwarps * (dp + 8) * 2
+    scratch = nwarps * 16 * (dp + 8) + 2 * nwarps * 16 + 16 * (DEC_MAX_SPLITS + 1)
+    rows = dims.group * dims.Sq
+    need = (scratch + splits * rows * (dims.D + 2)) * 4
+    if need > ring:
+        return (f"{splits} partials of {rows} rows x D {dims.D} need {need} bytes of rank 0's "
+                f"{ring}-byte ring")
+    return None
+
+
 def decode_reason(dims: Dims, dtype: DataType, tc_ok: bool) -> str | None:
     """Why the single-kernel decode cannot run this call (None: it can)."""
     if dtype == DataType.FLOAT:
@@ -543,6 +576,7 @@ class Plan:
     workspace: int       # bytes
     ws_ml: int = 0       # offset of the split (m, l) array in the workspace
     ws_cnt: int = 0      # "decode": offset of the split counters in the workspace
+    cluster: int = 0     # "decode": CTAs per cluster of the cluster split merge (0: memory)
 
 
 def _tc_layout_ok(meta: TensorMetadata | TensorView) -> bool:
@@ -552,22 +586,26 @@ def _tc_layout_ok(meta: TensorMetadata | TensorView) -> bool:
 
 def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str = "auto",
          tc_ok: bool = True, num_splits: int | None = None,
-         cc: tuple[int, int] | None = None) -> Plan:
+         cc: tuple[int, int] | None = None, dec_merge: str = "auto") -> Plan:
     """Choose the path, splits and workspace for one call (pure; see the module docstring).
 
     ``tc_ok``: the operands' strides and pointers suit the tensor-core kernel. ``cc``: the
-    device's compute capability (None: unknown; ``auto`` then never takes ``wg``). The
-    ``decode`` path clamps ``num_splits`` to ``DEC_MAX_SPLITS``.
+    device's compute capability (None: unknown; ``auto`` then never takes ``wg``, and decode
+    merges splits through memory). The ``decode`` path clamps ``num_splits`` to
+    ``DEC_MAX_SPLITS``; ``dec_merge`` (one of ``DEC_MERGES``) picks its split merge.
 
     Raises
     ------
     KernelError
         A fused path is forced on a head dim it cannot take (D > 256), ``path="wg"`` on a
         call the wgmma kernel cannot run (see :func:`wg_reason`), or ``path="decode"`` on one
-        the decode kernel cannot run (see :func:`decode_reason`).
+        the decode kernel cannot run (see :func:`decode_reason`), or ``dec_merge="cluster"``
+        on a decode call whose merge cannot run in a cluster (see :func:`dec_cluster_reason`).
     """
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+    if dec_merge not in DEC_MERGES:
+        raise ValueError(f"dec_merge must be one of {DEC_MERGES}, got {dec_merge!r}")
     D = dims.D
     if path == "unfused" or (path == "auto" and D > SIMT_DMAX):
         _check_unfused_grid(dims)
@@ -604,6 +642,15 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
         w = attrs.local_window_size
         splits = (min(max(1, int(num_splits)), DEC_MAX_SPLITS) if num_splits is not None
                   else decode_splits(dims, dp, sm_count, -1 if w < 0 or w >= dims.Sk else w))
+        if dec_merge != "last" and splits > 1:
+            why = dec_cluster_reason(dims, dp, splits, cc)
+            if why is None:
+                return Plan("decode", dp, splits, 0, cluster=splits)
+            if dec_merge == "cluster":
+                raise KernelError(f"{OP}: dec_merge='cluster' cannot run this call: {why}")
+        elif dec_merge == "cluster":
+            raise KernelError(f"{OP}: dec_merge='cluster' cannot run this call: one split "
+                              "(nothing to merge)")
         ml, cnt, total = decode_layout(dims.B * dims.H * dims.Sq, D, splits, dims.B * dims.Hkv)
         return Plan("decode", dp, splits, total, ml, cnt)
     dp = tc_head_dim(D) if dtype != DataType.FLOAT and path != "simt" and tc_ok else None
@@ -641,11 +688,14 @@ def _wg_build_variant(dtype: DataType, D: int, build: tuple[int, int, int]) -> V
     return Variant("attention_wg.cu", ("attn_fused_wg",), defines, min_arch=90, arch_suffix="a")
 
 
-def _dec_variant(dtype: DataType, dp: int) -> Variant:
+def _dec_variant(dtype: DataType, dp: int, cluster: int = 0) -> Variant:
     nwarps, stages = DEC_TILES[dp]
-    return Variant("attention_fused_tc.cu", ("attn_decode",),
-                   {"NXRT_T": CTYPE[dtype], "HEAD_DIM": dp, "BLOCK_N": 16 * nwarps,
-                    "NWARPS": nwarps, "DEC_STAGES": stages})
+    defines: dict[str, object] = {"NXRT_T": CTYPE[dtype], "HEAD_DIM": dp, "BLOCK_N": 16 * nwarps,
+                                  "NWARPS": nwarps, "DEC_STAGES": stages}
+    if cluster:
+        defines["DEC_CLUSTER"] = cluster
+        return Variant("attention_fused_tc.cu", ("attn_decode",), defines, min_arch=90)
+    return Variant("attention_fused_tc.cu", ("attn_decode",), defines)
 
 
 def _simt_variant(dtype: DataType) -> Variant:
@@ -671,7 +721,8 @@ def compile_variants() -> list[Variant]:
         out += [_simt_variant(dt), _rows_variant(dt), _gemm_variant(dt)]
     out += [_wg_build_variant(dt, D, b) for dt in (DataType.FLOAT16, DataType.BFLOAT16)
             for D in WG_BUILD for b in wg_builds(D)]
-    out += [_dec_variant(dt, dp) for dt in (DataType.FLOAT16, DataType.BFLOAT16) for dp in DEC_TILES]
+    out += [_dec_variant(dt, dp, c) for dt in (DataType.FLOAT16, DataType.BFLOAT16)
+            for dp in DEC_TILES for c in (0, *DEC_CLUSTERS)]
     return out
 
 
@@ -679,16 +730,20 @@ def compile_variants() -> list[Variant]:
 class AttentionFactory:
     """Claims ``pkg.nxrt::Attention`` nodes and creates :class:`AttentionKernel`.
 
-    ``path`` and ``num_splits`` are passed to every kernel it creates (see the module
-    docstring); the defaults choose by the heuristic.
+    ``path``, ``num_splits`` and ``dec_merge`` are passed to every kernel it creates (see the
+    module docstring); the defaults choose by the heuristic.
     """
 
-    def __init__(self, rt: Any, *, path: str = "auto", num_splits: int | None = None) -> None:
+    def __init__(self, rt: Any, *, path: str = "auto", num_splits: int | None = None,
+                 dec_merge: str = "auto") -> None:
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
+        if dec_merge not in DEC_MERGES:
+            raise ValueError(f"dec_merge must be one of {DEC_MERGES}, got {dec_merge!r}")
         self.rt = rt
         self.path = path
         self.num_splits = num_splits
+        self.dec_merge = dec_merge
 
     def unsupported_reason(self, node: Node, shapes: Sequence[Sequence[int] | None],
                            dtypes: Sequence[DataType | None]) -> str | None:
@@ -703,7 +758,8 @@ class AttentionFactory:
         KernelError
             An attribute is invalid.
         """
-        return AttentionKernel(self.rt, node, path=self.path, num_splits=self.num_splits)
+        return AttentionKernel(self.rt, node, path=self.path, num_splits=self.num_splits,
+                               dec_merge=self.dec_merge)
 
 
 def unsupported_reason(node: Node, shapes: Sequence[Sequence[int] | None],
@@ -760,9 +816,13 @@ class AttentionKernel:
     num_splits
         Force the split-KV count of the fused paths (None: heuristic; ``decode`` clamps it
         to ``DEC_MAX_SPLITS``).
+    dec_merge
+        The ``decode`` path's split merge: ``"auto"`` (a thread-block cluster where
+        :func:`dec_cluster_reason` allows, else through memory), ``"last"`` (the last-arriving
+        CTA through memory) or ``"cluster"`` (a :class:`KernelError` where it cannot run).
 
-    The ``decode`` path keeps its split counters in a small pool (see the module docstring);
-    :meth:`close` frees it.
+    The ``decode`` path's memory merge keeps its split counters in a small pool (see the
+    module docstring); :meth:`close` frees it.
 
     Raises
     ------
@@ -771,16 +831,19 @@ class AttentionKernel:
     """
 
     def __init__(self, rt: Any, node: Node, *, path: str = "auto",
-                 num_splits: int | None = None) -> None:
+                 num_splits: int | None = None, dec_merge: str = "auto") -> None:
         if path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {path!r}")
         if num_splits is not None and not 1 <= int(num_splits) <= 65535:
             raise ValueError(f"num_splits must be in [1, 65535], got {num_splits!r}")
+        if dec_merge not in DEC_MERGES:
+            raise ValueError(f"dec_merge must be one of {DEC_MERGES}, got {dec_merge!r}")
         self.rt = rt
         self.node = node
         self.attrs = parse_attributes(node)
         self.path = path
         self.num_splits = num_splits
+        self.dec_merge = dec_merge
         self.last_plan: Plan | None = None
         self._fns: dict[tuple, Any] = {}
         # Decode split counters: a zeroed pool (ptr, bytes) that every launch leaves at zero.
@@ -861,7 +924,8 @@ class AttentionKernel:
         p = self._plan(dims, dtype, all(_tc_layout_ok(t) for t in (q, k, v)))
         if p.path in ("tc", "wg", "decode") and not all(_tc_layout_ok(t) and t.ptr % 16 == 0
                                                         for t in (q, k, v, out)):
-            p = Plan("simt", 0, p.splits, p.workspace, p.ws_ml)
+            # (A cluster-merge decode plan has no partials buffer: simt runs it unsplit.)
+            p = Plan("simt", 0, p.splits if p.workspace else 1, p.workspace, p.ws_ml)
         if dims.empty:
             self.last_plan = p
             return
@@ -930,7 +994,7 @@ class AttentionKernel:
         cc = getattr(self.rt.capabilities, "compute_capability", None)
         cc = tuple(cc) if cc is not None else None
         return plan(self.attrs, dims, dtype, sm, path=self.path, tc_ok=tc_ok,
-                    num_splits=self.num_splits, cc=cc)
+                    num_splits=self.num_splits, cc=cc, dec_merge=self.dec_merge)
 
     # -- launching -----------------------------------------------------------------------
     def _fn(self, variant: Variant, entry: str) -> Any:
@@ -1019,7 +1083,7 @@ class AttentionKernel:
         tasks = dims.B * dims.Hkv  # one row tile each (G·Sq <= DEC_MAX_ROWS)
         splits = min(p.splits, DEC_MAX_SPLITS)
         split_o, split_ml, cnt = 0, 0, 0
-        if splits > 1:
+        if splits > 1 and not p.cluster:
             split_o, split_ml = ws, ws + p.ws_ml
             cnt = self._counters(p, tasks, ws)
         strides = [i64(s) for t in (q, k, v, out) for s in t.element_strides[:3]]
@@ -1028,7 +1092,8 @@ class AttentionKernel:
                 i32(dims.D), *strides, i32(dims.mask_planes), i32(int(self.attrs.causal)),
                 i32(self._window(dims)), f32(self._scale(dims)), f32(self.attrs.softcap),
                 i32(1), i32(splits), cnt]
-        self.rt.launch(self._fn(_dec_variant(dtype, p.dp), "attn_decode"), (tasks, splits, 1),
+        self.rt.launch(self._fn(_dec_variant(dtype, p.dp, p.cluster), "attn_decode"),
+                       (tasks, splits, 1),
                        (32 * nwarps, 1, 1), args, shared_mem=dec_smem_bytes(p.dp))
 
     def _launch_unfused(self, dims: Dims, dtype: DataType, q: TensorView, k: TensorView,

@@ -14,11 +14,13 @@ from nxrt.api import DataType, Node, TensorMetadata, TensorMut, TensorView, Work
 from nxrt.errors import KernelError
 from nxrt_kernels import _common, attention
 from nxrt_kernels.attention import (
+    DEC_CLUSTERS,
     DEC_MAX_SPLITS,
     DEC_TILES,
     AttentionKernel,
     Attrs,
     Dims,
+    dec_cluster_reason,
     dec_smem_bytes,
     decode_layout,
     decode_reason,
@@ -116,6 +118,70 @@ def test_num_splits_forced_and_clamped():
     assert (p.splits, p.workspace) == (1, 0)
 
 
+H100 = (9, 0)
+
+
+def test_cluster_merge_plan():
+    a, d = attrs(), Dims(8, 32, 8, 1, 1024, 128, 0)  # the bench rows: 4 splits
+    p = plan(a, d, BF16, 132, path="decode", cc=H100)
+    assert (p.splits, p.cluster, p.workspace, p.ws_ml, p.ws_cnt) == (4, 4, 0, 0, 0)
+    assert plan(a, d, BF16, 132, path="decode", cc=H100, dec_merge="cluster") == p
+    for cc in (None, (8, 0), (8, 9)):  # no clusters before compute capability 9.0
+        q = plan(a, d, BF16, 132, path="decode", cc=cc)
+        assert q.cluster == 0 and q.workspace == decode_layout(256, 128, 4, 64)[2]
+        with pytest.raises(KernelError, match="compute capability"):
+            plan(a, d, BF16, 132, path="decode", cc=cc, dec_merge="cluster")
+    q = plan(a, d, BF16, 132, path="decode", cc=H100, dec_merge="last")
+    assert q.cluster == 0 and q.workspace == decode_layout(256, 128, 4, 64)[2]
+    # every cluster size; other split counts merge through memory (forced: refused)
+    for splits in range(1, 12):
+        q = plan(a, d, BF16, 132, path="decode", cc=H100, num_splits=splits)
+        assert q.cluster == (splits if splits in DEC_CLUSTERS else 0)
+        assert (q.workspace == 0) == (q.cluster > 0 or splits == 1)
+        if splits not in DEC_CLUSTERS:
+            with pytest.raises(KernelError, match="splits" if splits > 1 else "one split"):
+                plan(a, d, BF16, 132, path="decode", cc=H100, num_splits=splits,
+                     dec_merge="cluster")
+    # B 4 and B 16 take 8 and 2 splits; prefill never clusters
+    assert plan(a, Dims(4, 32, 8, 1, 8192, 128, 0), BF16, 132, cc=H100).cluster == 8
+    assert plan(a, Dims(16, 32, 8, 1, 8192, 128, 0), F16, 132, cc=H100).cluster == 2
+    assert plan(a, Dims(1, 32, 8, 512, 8192, 128, 0), BF16, 132, cc=H100).path == "wg"
+    with pytest.raises(ValueError, match="dec_merge"):
+        plan(a, d, BF16, 132, cc=H100, dec_merge="atomic")
+
+
+def test_cluster_receive_area_bound():
+    """Rank 0 receives splits x G·Sq rows of D f32 after its merge scratch: 16 rows of D 128
+    in 8 splits do not fit the D 128 ring (they merge through memory), 15 rows do."""
+    cc = H100
+    full = Dims(1, 16, 1, 1, 8192, 128, 0)     # 16 packed rows
+    assert dec_cluster_reason(full, 128, 8, cc) is not None
+    assert dec_cluster_reason(full, 128, 4, cc) is None
+    assert dec_cluster_reason(Dims(1, 15, 1, 1, 8192, 128, 0), 128, 8, cc) is None
+    p = plan(attrs(16, 1), full, BF16, 132, path="decode", cc=cc, num_splits=8)
+    assert p.cluster == 0 and p.workspace > 0
+    with pytest.raises(KernelError, match="ring"):
+        plan(attrs(16, 1), full, BF16, 132, path="decode", cc=cc, num_splits=8,
+             dec_merge="cluster")
+    for dp, (nwarps, stages) in DEC_TILES.items():  # the formula is the kernel's bound
+        ring = stages * 2 * 16 * nwarps * (dp + 8) * 2
+        scratch = nwarps * 16 * (dp + 8) + 2 * nwarps * 16 + 16 * (DEC_MAX_SPLITS + 1)
+        for rows in (1, 4, 16):
+            for c in DEC_CLUSTERS:
+                d = Dims(1, rows, 1, 1, 4096, dp, 0)
+                fits = (scratch + c * rows * (dp + 2)) * 4 <= ring
+                assert (dec_cluster_reason(d, dp, c, cc) is None) == fits
+
+
+def test_dec_merge_validated():
+    with pytest.raises(ValueError, match="dec_merge"):
+        AttentionKernel(SimpleNamespace(), node(), dec_merge="global")
+    with pytest.raises(ValueError, match="dec_merge"):
+        attention.AttentionFactory(SimpleNamespace(), dec_merge="")
+    f = attention.AttentionFactory(SimpleNamespace(), dec_merge="last")
+    assert f.create(node()).dec_merge == "last"
+
+
 def test_decode_layout():
     assert decode_layout(32, 128, 1, 8) == (0, 0, 0)
     ml, cnt, total = decode_layout(32, 128, 4, 8)
@@ -155,16 +221,19 @@ def test_shared_memory_two_ctas_per_sm():
 
 def test_variants_listed():
     dec = [v for v in attention.compile_variants() if "attn_decode" in v.entries]
-    assert len(dec) == 2 * len(DEC_TILES)
+    assert len(dec) == 2 * len(DEC_TILES) * (1 + len(DEC_CLUSTERS))
     for v in dec:
-        assert v.file == "attention_fused_tc.cu" and v.min_arch == 80
+        c = v.defines.get("DEC_CLUSTER", 0)
+        assert c in (0, *DEC_CLUSTERS)
+        assert v.file == "attention_fused_tc.cu" and v.min_arch == (90 if c else 80)
         assert v.defines["BLOCK_N"] == 16 * v.defines["NWARPS"]
 
 
 # ------------------------------------------------------------------ compiles and launches
 # A bounded subset (tests/test_attention_cpu.py compiles every variant for both targets).
-_COMPILE = [(BF16, 128, "sm_90"), (BF16, 128, "sm_80"), (F16, 256, "sm_80"), (F16, 80, "sm_90"),
-            (BF16, 64, "sm_90")]
+_COMPILE = [(BF16, 128, "sm_90", 0), (BF16, 128, "sm_80", 0), (F16, 256, "sm_80", 0),
+            (F16, 80, "sm_90", 0), (BF16, 64, "sm_90", 0), (BF16, 128, "sm_90", 4),
+            (F16, 256, "sm_90", 8), (F16, 64, "sm_90", 2)]
 _PARAM_RE = re.compile(r"\.param\s+\.(\w+)")
 
 
@@ -177,12 +246,16 @@ def ptx():
     return r.ptx.decode()
 
 
-@pytest.mark.parametrize("dt,dp,arch", _COMPILE, ids=lambda x: getattr(x, "name", str(x)))
-def test_decode_build_compiles_without_spills(dt, dp, arch):
-    v = attention._dec_variant(dt, dp)
+@pytest.mark.parametrize("dt,dp,arch,cluster", _COMPILE,
+                         ids=lambda x: getattr(x, "name", str(x)))
+def test_decode_build_compiles_without_spills(dt, dp, arch, cluster):
+    v = attention._dec_variant(dt, dp, cluster)
     r = compiler.compile_source(_common.source(v.file), v.file, arch,
                                 v.options + ("--ptxas-options=-v",), _common.headers())
     assert b".entry attn_decode(" in r.ptx
+    # the cluster shape is the kernel's (the launch passes none); memory builds use none
+    assert (f".reqnctapercluster 1, {cluster}, 1".encode() in r.ptx) == bool(cluster)
+    assert (b"barrier.cluster" in r.ptx) == bool(cluster)
     spills = [ln for ln in r.log.splitlines() if "spill stores" in ln]
     assert spills and all(" 0 bytes spill stores" in ln for ln in spills), r.log
     m = re.search(r"Used (\d+) registers", r.log)
@@ -192,10 +265,12 @@ def test_decode_build_compiles_without_spills(dt, dp, arch):
 class FakeRt:
     """Records launches/memsets/allocations; checks args against the decode PTX."""
 
-    def __init__(self, ptx: str, capturing: bool = False) -> None:
+    def __init__(self, ptx: str, capturing: bool = False, cc=None) -> None:
         start = ptx.index(".entry attn_decode(")
         self.types = _PARAM_RE.findall(ptx[start:ptx.index(")", start)])
-        self.capabilities = SimpleNamespace(sm_count=132, max_shared_per_block_optin=232448)
+        self.capabilities = SimpleNamespace(sm_count=132, max_shared_per_block_optin=232448,
+                                            compute_capability=cc)
+        self.options: list[tuple] = []
         self.capturing = capturing
         self.launches: list[tuple] = []
         self.memsets: list[tuple] = []
@@ -203,6 +278,7 @@ class FakeRt:
         self.next = 0x7F0000000
 
     def nvrtc_function(self, module, source, entry, options=(), *, headers=None, arch=None):
+        self.options.append(tuple(options))
         return SimpleNamespace(name=entry)
 
     def launch(self, fn, grid, block, args, shared_mem=0):
@@ -268,6 +344,33 @@ def test_one_launch_and_counter_pool(ptx):
     assert not rt.live
 
 
+def test_cluster_merge_launch(ptx):
+    """Compute capability 9.0, 4 splits: the DEC_CLUSTER=4 build, no partials, no counters,
+    no pool, no memset, no workspace (eager, capturing, and with a workspace passed anyway)."""
+    rt = FakeRt(ptx, cc=(9, 0))
+    k = AttentionKernel(rt, node(), path="decode")
+    ins, out = _views(Sk=1024)
+    assert k.workspace_requirement([t.meta for t in ins]).nbytes == 0
+    k.execute(ins, [out], None)
+    rt.capturing = True
+    k.execute(ins, [out], WorkspaceView(0x100000000, 4096))
+    for name, grid, block, smem, args in rt.launches:
+        assert (name, grid, block, smem) == ("attn_decode", (64, 4, 1), (128, 1, 1),
+                                             dec_smem_bytes(128))
+        assert args[5] == 0 and args[6] == 0 and args[-1] == 0 and int(args[-2]) == 4
+    assert any("-DDEC_CLUSTER=4" in o for o in rt.options[0])
+    assert k.last_plan.cluster == 4 and not rt.memsets and not rt.live
+    assert not k._cnt_pool.ptr
+    # dec_merge="last" on the same device: the memory build with its counters
+    rt.capturing = False
+    m = AttentionKernel(rt, node(), path="decode", dec_merge="last")
+    req = m.workspace_requirement([t.meta for t in ins])
+    m.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
+    assert not any(o.startswith("-DDEC_CLUSTER") for o in rt.options[-1])
+    assert rt.launches[-1][4][-1] != 0 and m.last_plan.cluster == 0
+    m.close()
+
+
 def test_capture_without_pool_uses_workspace_counters(ptx):
     rt = FakeRt(ptx, capturing=True)
     k = AttentionKernel(rt, node(), path="decode")
@@ -304,6 +407,12 @@ def test_misaligned_pointer_falls_back_to_simt(ptx):
     k.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
     assert [x[0] for x in rt.launches] == ["attn_fused_simt", "attn_combine"]
     assert k.last_plan.path == "simt" and k.last_plan.splits == 4
+    # a cluster plan has no partials buffer: its simt fallback runs unsplit
+    rt = FakeRt(ptx, cc=(9, 0))
+    k = AttentionKernel(rt, node(), path="decode")
+    k.execute(ins, [out], None)
+    assert [x[0] for x in rt.launches] == ["attn_fused_simt"]
+    assert k.last_plan.splits == 1 and rt.launches[0][1][1] == 1
 
 
 def test_auto_with_flag(ptx, single):

@@ -94,10 +94,54 @@ def test_vs_reference(rt, ledger, rng, case):
         if splits is not None:
             assert p.splits == splits
         check(node, host, got, dtype)
-        if p.splits > 1:  # the same call without a workspace runs unsplit
-            call.ws = None
+        if p.splits > 1:  # the same call without a workspace: the memory merge runs unsplit,
+            call.ws = None  # the cluster merge (no workspace) as before
             check(node, host, call.run(), dtype)
-            assert kernel.last_plan.splits == 1
+            assert kernel.last_plan.splits == (p.splits if p.cluster else 1)
+
+
+# Cluster split merge (compute capability 9.0+): every cluster size, empty splits (more
+# splits than key tiles), 16 packed rows, causal, windows, softcap, masks, D 64 / 72 / 128 / 256.
+CLUSTER_CASES = [
+    (BF16, 8, 32, 8, 1, 1000, 128, 4, {}, 0),
+    (F16, 3, 8, 2, 1, 4097, 64, 2, {}, 0),
+    (BF16, 1, 8, 2, 1, 4097, 128, 8, {"softcap": 5.0}, 0),
+    (F16, 1, 8, 2, 1, 200, 128, 8, {}, 0),
+    (BF16, 1, 4, 1, 4, 1000, 128, 4, {"causal": 1}, 0),
+    (F16, 1, 2, 2, 3, 300, 72, 2, {"causal": 1}, 0),
+    (BF16, 1, 4, 2, 1, 2000, 256, 4, {}, 0),
+    (F16, 2, 8, 2, 1, 1000, 128, 2, {}, 1),
+    (BF16, 2, 4, 1, 1, 1000, 128, 8, {"local_window_size": 300}, 2),
+    (F16, 2, 4, 2, 2, 517, 64, 4, {"causal": 1}, 8),
+]
+
+
+def _need_clusters(rt) -> None:
+    if tuple(rt.capabilities.compute_capability) < (9, 0):
+        pytest.skip("thread-block clusters need compute capability 9.0")
+
+
+@pytest.mark.parametrize("case", CLUSTER_CASES, ids=_ids)
+def test_cluster_merge_equals_memory_merge(rt, ledger, rng, case):
+    """The cluster merge (the default here) gives the memory merge's bits, needs no
+    workspace, and is deterministic run to run."""
+    _need_clusters(rt)
+    dtype, B, H, Hkv, Sq, Sk, D, splits, attrs, planes = case
+    node = make_node(H, Hkv, _mask=bool(planes), **attrs)
+    host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes)
+    with Buffers(rt) as bufs:
+        cl = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits), host)
+        mem = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits,
+                                         dec_merge="last"), host)
+        assert cl.req.nbytes == 0 and mem.req.nbytes > 0
+        got = cl.run()
+        assert cl.kernel.last_plan.cluster == splits == cl.kernel.last_plan.splits
+        check(node, host, got, dtype)
+        want = mem.run()
+        assert mem.kernel.last_plan.cluster == 0
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+        for _ in range(2):
+            assert np.array_equal(got.view(np.uint16), cl.run().view(np.uint16))
 
 
 def test_fully_masked_row_and_no_keys(rt, ledger, rng):
@@ -133,12 +177,14 @@ def test_matches_tc_route(rt, ledger, rng):
         check(node, host, b, BF16)
 
 
-@pytest.mark.parametrize("splits", [None, 5])
+@pytest.mark.parametrize("splits", [None, 5, 4])
 def test_deterministic(rt, ledger, rng, splits):
+    """The memory merge (counters from the pool, then from the workspace) run to run."""
     node = make_node(32, 8)
     host = host_inputs(rng, BF16, 2, 32, 8, 1, 4097, 128)
     with Buffers(rt) as bufs:
-        call = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits), host)
+        call = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits,
+                                          dec_merge="last"), host)
         first = call.run()
         assert call.kernel.last_plan.splits > 1
         for _ in range(3):
@@ -174,27 +220,33 @@ def test_strided_views(rt, ledger, rng):
     check(node, host, got, F16)
 
 
-@pytest.mark.parametrize("warm", [True, False], ids=["pool", "workspace-counters"])
-def test_capture_replay_with_new_inputs(rt, ledger, rng, warm):
-    """Graph replays with new input contents; warm: the counter pool exists before the
-    capture (no memset in the graph), else the workspace counters are cleared in the graph."""
+@pytest.mark.parametrize("mode", ["pool", "workspace-counters", "cluster"])
+def test_capture_replay_with_new_inputs(rt, ledger, rng, mode):
+    """Graph replays with new input contents. pool: the counter pool exists before the
+    capture (no memset in the graph); workspace-counters: the workspace counters are cleared
+    in the graph; cluster: the cluster merge (8 splits), no counters, no workspace."""
     B, H, Hkv, Sk, D = 4, 32, 8, 3001, 128
     node = make_node(H, Hkv, softcap=4.0)
     host = host_inputs(rng, BF16, B, H, Hkv, 1, Sk, D)
+    if mode == "cluster":
+        _need_clusters(rt)
     with Buffers(rt) as bufs:
-        kernel = bufs.kernel(node, path="decode")
+        kernel = bufs.kernel(node, path="decode",
+                             dec_merge="cluster" if mode == "cluster" else "last")
         call = Call(rt, bufs, kernel, host)
-        if warm:
-            check(node, host, call.run(), BF16)
-        else:
+        if mode == "workspace-counters":
             kernel._fn(attention._dec_variant(BF16, 128), "attn_decode")  # load, no launch
+        else:
+            check(node, host, call.run(), BF16)
         before = rt.memory_stats().live_bytes
         with rt.capture() as graph:
             call()
         try:
             assert rt.memory_stats().live_bytes == before  # nothing allocated while capturing
             assert kernel.last_plan.splits > 1
-            assert bool(kernel._cnt_pool.ptr) == warm
+            assert bool(kernel._cnt_pool.ptr) == (mode == "pool")
+            assert kernel.last_plan.cluster == (8 if mode == "cluster" else 0)
+            assert (call.ws is None) == (mode == "cluster")
             for _ in range(3):
                 host = host_inputs(rng, BF16, B, H, Hkv, 1, Sk, D)
                 call.upload(host)

@@ -93,6 +93,11 @@ or f32-cap-hiN-k1 or bf16-odd-h72-rank3 or f16-narrow-h20 or f32-decode-splitk \
 or bf16-wg-h64-g96-cap or bf16-ws-g128-i64-rank4 or f16-ws-gqa2-g128-h64)) \
 or test_eager_rejects_bad_rows or test_capture_replay_and_poisoned_indices"
 # racecheck is the slowest (every shared-memory access is tracked): fewer cases.
+DEC_K="(test_cluster_merge_equals_memory_merge and (B8H32 or k200D128 or q4k1000 or q3k300 \
+or k2000D256 or m2-local)) or (test_capture_replay_with_new_inputs and (cluster or pool)) \
+or (test_vs_reference and (s7 or s5 or q2k1000D64))"
+DEC_K_RACE="(test_cluster_merge_equals_memory_merge and (B8H32 or k200D128 or q4k1000)) \
+or (test_vs_reference and s5)"
 ATTN_K_RACE="(test_vs_reference and (q17k128D64 or q1k17D80)) or test_simt_fallback \
 or (test_split_kv and fused-4) or (test_wg_persistent and q128k1000D128)"
 PAGED_K_RACE="test_mla_32_key_tiles or (test_simple_odd_head and bf16) or test_slot_minus_one"
@@ -101,7 +106,7 @@ or f32-decode-splitk or f32-cap-hiN-k1 or bf16-wg-h64-g96-cap or f16-ws-gqa2-g12
 or (test_capture_replay_and_poisoned_indices and ws-cluster and none)"
 
 run_tool() {
-  local tool=$1 ak=$2 pk=$3 ik=$4 log="$OUT/$1.log" t0 rc
+  local tool=$1 ak=$2 pk=$3 ik=$4 dk=$5 log="$OUT/$1.log" t0 rc
   t0=$(date +%s)
   echo "== $tool (limit ${LIMIT}s)"
   # One pytest per file keeps each -k expression with its file; all under one sanitizer
@@ -109,10 +114,11 @@ run_tool() {
   : > "$log"
   rm -f "$OUT/$tool"-[0-9].xml
   rc=0
-  local files=(tests/test_attention_gpu.py tests/test_paged_gpu.py tests/test_index_share_gpu.py)
-  local exprs=("$ak" "$pk" "$ik")
+  local files=(tests/test_attention_gpu.py tests/test_paged_gpu.py tests/test_index_share_gpu.py
+               tests/test_attention_decode_gpu.py)
+  local exprs=("$ak" "$pk" "$ik" "$dk")
   local i left
-  for i in 0 1 2; do
+  for i in 0 1 2 3; do
     left=$(( LIMIT - ($(date +%s) - t0) ))
     if [ "$left" -le 5 ]; then
       echo "TIMEOUT: no time left for ${files[$i]}" >> "$log"
@@ -167,8 +173,8 @@ PY
 
 for tool in $TOOLS; do
   case "$tool" in
-    racecheck) run_tool "$tool" "$ATTN_K_RACE" "$PAGED_K_RACE" "$IS_K_RACE" ;;
-    memcheck|initcheck|synccheck) run_tool "$tool" "$ATTN_K" "$PAGED_K" "$IS_K" ;;
+    racecheck) run_tool "$tool" "$ATTN_K_RACE" "$PAGED_K_RACE" "$IS_K_RACE" "$DEC_K_RACE" ;;
+    memcheck|initcheck|synccheck) run_tool "$tool" "$ATTN_K" "$PAGED_K" "$IS_K" "$DEC_K" ;;
     *) echo "unknown tool $tool (memcheck, racecheck, initcheck, synccheck)"; exit 2 ;;
   esac
 done

@@ -1,18 +1,27 @@
 #!/usr/bin/env python3
 """Attention decode routes on the GPU: ``python tools/sweep_attention_decode.py [--out FILE]``.
 
-Compares the old decode route (``path="fused"``: the mma.sync kernel ``tc`` + split-KV + the
-``attn_combine`` launch) with the single-kernel decode (``path="decode"``, in-kernel split
-merge; counters from the kernel's pool, and once more from the workspace with a memset per
-call) on the bench decode rows: bf16, D 128, B 8, H 32 / Hkv 8, Sq 1, Sk 1k / 8k / 32k.
+Compares the decode routes on bf16, D 128, H 32 / Hkv 8, Sq 1 (the bench rows are B 8 at Sk
+1k / 8k / 32k; B 4 and B 16 give the decode kernel 8 and 2 splits):
+
+* ``tc``: the mma.sync kernel ``tc`` + split-KV + the ``attn_combine`` launch
+  (``path="fused"``);
+* ``last``: the single-kernel decode, splits merged by the last-arriving CTA through memory
+  (``dec_merge="last"``; counters from the kernel's pool);
+* ``last-ws``: the same with the counters in the workspace (a memset per call);
+* ``cluster``: the single-kernel decode with the split CTAs of a row tile in one thread-block
+  cluster merging through distributed shared memory (``dec_merge="auto"`` on compute
+  capability 9.0 with 2, 4 or 8 splits; otherwise the same plan as ``last``).
 
 First correctness: small odd cases of the decode kernel vs float64 (f16/bf16, GQA/MHA,
-forced splits), and a few rows of every timed case vs float64 for both routes. Then each
-route is timed as CUDA-graph replays of ``execute`` (one replay between two events, median,
-as tools/bench_attention.py does; and 20 back-to-back replays per event pair, per call), in
-GB/s of Q + K + V + O bytes, beside the measured copy ceiling (device-to-device copy of a
-2 GiB buffer, read + write bytes) and the launch floor (a graph of one empty kernel).
-Prints a table, writes JSON to ``--out``. About 30-60 s on an H200.
+forced splits), and a few rows of every timed case vs float64 for every route; ``cluster``
+must equal ``last`` bitwise. Then each route is timed as CUDA-graph replays of ``execute``
+(one replay between two events, median, as tools/bench_attention.py's single-call rows do),
+and as one graph of 8 calls over input sets rotated so that their K/V exceed L2 (per call,
+as the bench's "in one graph" rows), in GB/s of Q + K + V + O bytes, beside the measured
+copy ceiling (device-to-device copy of a 2 GiB buffer, read + write bytes) and the launch
+floor (a graph of one empty kernel). Prints a table, writes JSON to ``--out``. About 1-2
+minutes on an H200.
 """
 
 from __future__ import annotations
@@ -31,14 +40,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-B, H, HKV, D = 8, 32, 8, 128
-SKS = (1024, 8192, 32768)
+H, HKV, D = 32, 8, 128
+SHAPES = ((8, 1024), (8, 8192), (8, 32768), (4, 1024), (4, 8192), (16, 1024), (16, 8192))
+STEP_CALLS = 8  # calls per graph in the rotated-inputs timing
 # (dtype, B, H, Hkv, Sq, Sk, D, splits, attrs)
 CHECKS = [("bf16", 2, 32, 8, 1, 1000, 128, None, {}), ("f16", 1, 8, 8, 1, 4097, 64, 3, {}),
           ("bf16", 3, 8, 2, 1, 7, 128, None, {}), ("f16", 2, 16, 4, 2, 1001, 64, 2, {"causal": 1}),
           ("bf16", 1, 32, 8, 1, 4097, 128, 7, {"softcap": 5.0})]
 TOL = {"bf16": 1e-2, "f16": 2e-3}
-ROUTES = (("old", "fused", True), ("new", "decode", True), ("new-ws", "decode", False))
+# (name, path, counters from the pool, dec_merge)
+ROUTES = (("tc", "fused", True, "auto"), ("last", "decode", True, "last"),
+          ("last-ws", "decode", False, "last"), ("cluster", "decode", True, "auto"))
 EMPTY_SRC = 'extern "C" __global__ void sweep_empty() {}\n'
 
 
@@ -114,6 +126,20 @@ def _time_graph(ctx: Any, rt: Any, fn: Any, reps: int) -> tuple[float, float]:
     return one, many
 
 
+def _time_rotated(ctx: Any, rt: Any, calls: list) -> float:
+    """ms per call of one graph holding STEP_CALLS calls that cycle through ``calls``."""
+    for c in calls:
+        c()
+    rt.synchronize()
+    with rt.capture() as graph:
+        for i in range(STEP_CALLS):
+            calls[i % len(calls)]()
+    try:
+        return ctx.time_ours(graph.replay, warmup=3, reps=20) / STEP_CALLS
+    finally:
+        graph.destroy()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="sweep_attention_decode.json", help="JSON result file")
@@ -130,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rt = nxrt.CudaRuntime(0)
     ctx = BenchContext(rt)
-    result: dict[str, Any] = {"shape": {"B": B, "H": H, "Hkv": HKV, "D": D, "dtype": "bf16"},
+    result: dict[str, Any] = {"shape": {"H": H, "Hkv": HKV, "D": D, "dtype": "bf16"},
                               "checks": [], "rows": [], "ceilings": {}}
 
     def save() -> None:
@@ -186,69 +212,88 @@ def main(argv: list[str] | None = None) -> int:
         f"({1e3 * floor_many:.2f} us back-to-back)")
     save()
 
-    # -- the bench decode rows: spot-check, then time each route
+    # -- the decode rows: spot-check, then time each route
     G = H // HKV
-    for sk in SKS:
-        rng = np.random.default_rng(sk)
-        host = [_rand(rng, (B, H, 1, D), "bf16"), _rand(rng, (B, HKV, sk, D), "bf16"),
-                _rand(rng, (B, HKV, sk, D), "bf16")]
-        moved = 2 * (2 * host[0].size + host[1].size + host[2].size)  # Q + O + K + V bytes
-        arrs = [nxrt.DeviceArray.from_numpy(rt, x) for x in host]
-        idx = [(0, 0), (B - 1, H - 1), (3, 17), (5, 6)]
+    l2 = int(getattr(rt.capabilities, "l2_bytes", 0) or 50 << 20)
+    for B, sk in SHAPES:
+        rng = np.random.default_rng(sk + B)
+        moved = 2 * (2 * B * H * D + 2 * B * HKV * sk * D)  # Q + O + K + V bytes
+        nsets = max(2, min(4, -(-3 * l2 // moved)))
+        sets = []
+        for _ in range(nsets):
+            host = [_rand(rng, (B, H, 1, D), "bf16"), _rand(rng, (B, HKV, sk, D), "bf16"),
+                    _rand(rng, (B, HKV, sk, D), "bf16")]
+            sets.append((host, [nxrt.DeviceArray.from_numpy(rt, x) for x in host]))
+        host, arrs = sets[0]
+        idx = [(0, 0), (B - 1, H - 1), (B // 2, 17), (1, 6)]
         want = _rows_ref(host[0], host[1], host[2], idx, G)
         node = _node(H, HKV)
-        row: dict[str, Any] = {"Sk": sk, "MB": round(moved / 1e6, 2),
+        row: dict[str, Any] = {"B": B, "Sk": sk, "MB": round(moved / 1e6, 2),
                                "ideal_us": round(moved / copy / 1e3, 2)}
-        for name, path, pool in ROUTES:
-            out = nxrt.DeviceArray(rt, host[0].shape, arrs[0].view().dtype)
-            case = Case(rt, AttentionKernel(rt, node, path=path), arrs, out)
-            case.kernel.use_counter_pool = pool
+        first = None
+        for name, path, pool, merge in ROUTES:
+            cases = []
             try:
-                out.fill_bytes(0xFF)
+                for _, ar in sets:
+                    out = nxrt.DeviceArray(rt, host[0].shape, ar[0].view().dtype)
+                    c = Case(rt, AttentionKernel(rt, node, path=path, dec_merge=merge), ar, out)
+                    c.kernel.use_counter_pool = pool
+                    cases.append(c)
+                case = cases[0]
+                case.out.fill_bytes(0xFF)
                 case()
                 rt.synchronize()
-                got = out.numpy()
+                got = case.out.numpy()
                 err = rel_fro(np.stack([got[b, h, 0] for b, h in idx]), want)
                 ok = bool(err <= TOL["bf16"])
+                if name == "last":
+                    first = got
+                elif name == "cluster" and first is not None:
+                    ok = ok and bool(np.array_equal(got.view(np.uint16), first.view(np.uint16)))
                 ok_all &= ok
-                one, many = _time_graph(ctx, rt, case, a.reps)
+                one, _ = _time_graph(ctx, rt, case, a.reps)
+                rot = _time_rotated(ctx, rt, cases)
                 p = case.kernel.last_plan
-                gbps = moved / one / 1e6
-                row[name] = {"path": p.path, "splits": p.splits, "us": round(1e3 * one, 2),
-                             "us_b2b": round(1e3 * many, 2), "GBps": round(gbps, 1),
-                             "of_copy": round(gbps / copy, 4), "err": err, "ok": ok}
-                log(f"Sk {sk} {name:6s} ({p.path}, {p.splits} splits): {1e3 * one:8.2f} us "
-                    f"{gbps:6.0f} GB/s ({gbps / copy:.0%} of copy), back-to-back "
-                    f"{1e3 * many:.2f} us; err {err:.1e}{'' if ok else ' FAILED'}")
+                gbps, gbps_rot = moved / one / 1e6, moved / rot / 1e6
+                row[name] = {"path": p.path, "splits": p.splits, "cluster": p.cluster,
+                             "us": round(1e3 * one, 2), "GBps": round(gbps, 1),
+                             "of_copy": round(gbps / copy, 4), "us_graph8": round(1e3 * rot, 2),
+                             "of_copy_graph8": round(gbps_rot / copy, 4), "err": err, "ok": ok}
+                log(f"B{B} Sk {sk} {name:7s} ({p.path}, {p.splits} splits, cluster "
+                    f"{p.cluster}): {1e3 * one:8.2f} us ({gbps / copy:.0%} of copy); "
+                    f"{STEP_CALLS} calls in a graph {1e3 * rot:.2f} us/call "
+                    f"({gbps_rot / copy:.0%}); err {err:.1e}{'' if ok else ' FAILED'}")
             except Exception as exc:  # report and go on (a device fault ends the run anyway)
                 row[name] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 ok_all = False
-                log(f"Sk {sk} {name}: {row[name]['error']}")
+                log(f"B{B} Sk {sk} {name}: {row[name]['error']}")
             finally:
-                case.free()
-                out.free()
-        for x in arrs:
-            x.free()
+                for c in cases:
+                    c.free()
+                    c.out.free()
+        for _, ar in sets:
+            for x in ar:
+                x.free()
         result["rows"].append(row)
         save()
 
     # -- table
     print()
-    print(f"bf16 D{D} B{B} H{H}/{HKV} decode; copy {copy:.0f} GB/s; launch floor "
+    print(f"bf16 D{D} H{H}/{HKV} decode; copy {copy:.0f} GB/s; launch floor "
           f"{1e3 * floor:.2f} us (graph of one empty kernel)")
-    head = f"{'Sk':>6} {'MB':>7} {'ideal us':>8}"
-    for name, _, _ in ROUTES:
-        head += f" | {name + ' us':>10} {'GB/s':>6} {'%copy':>5} {'b2b us':>7}"
+    head = f"{'B':>3} {'Sk':>6} {'MB':>7} {'ideal':>6}"
+    for name, _, _, _ in ROUTES:
+        head += f" | {name + ' us':>10} {'%copy':>5} {'in-graph':>8} {'%copy':>5}"
     print(head)
     for r in result["rows"]:
-        line = f"{r['Sk']:>6} {r['MB']:>7.1f} {r['ideal_us']:>8.2f}"
-        for name, _, _ in ROUTES:
+        line = f"{r['B']:>3} {r['Sk']:>6} {r['MB']:>7.1f} {r['ideal_us']:>6.2f}"
+        for name, _, _, _ in ROUTES:
             c = r.get(name, {})
             if "us" in c:
-                line += (f" | {c['us']:>10.2f} {c['GBps']:>6.0f} {100 * c['of_copy']:>4.0f}% "
-                         f"{c['us_b2b']:>7.2f}")
+                line += (f" | {c['us']:>10.2f} {100 * c['of_copy']:>4.0f}% "
+                         f"{c['us_graph8']:>8.2f} {100 * c['of_copy_graph8']:>4.0f}%")
             else:
-                line += f" | {'FAILED':>10} {'':>6} {'':>5} {'':>7}"
+                line += f" | {'FAILED':>10} {'':>5} {'':>8} {'':>5}"
         print(line)
     result["all_ok"] = ok_all
     result["seconds"] = round(time.time() - t0, 1)

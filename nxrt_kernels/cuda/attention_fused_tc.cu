@@ -349,6 +349,11 @@ attn_fused_tc(NXRT_ATTN_FUSED_PARAMS(T)) {
 //     reads), then arrives on counters[row tile]; the last of the `splits` CTAs merges every
 //     split's partial in fixed split order (bitwise the same whichever CTA comes last) and
 //     re-arms the counter to zero for the next launch. No atomics touch the math.
+//   * DEC_CLUSTER = C (sm_90+, splits == C): the C split CTAs of a row tile form one thread-block
+//     cluster (rank = split). After a cluster barrier (every loop done, so every ring is idle)
+//     each CTA stores its partial into rank 0's ring through distributed shared memory, arrives
+//     once more and leaves; rank 0 merges exactly as the last CTA above does (same order, same
+//     bits) but from shared memory: no partials, counters, fences or atomics in global memory.
 // Logits: scale*log2e on the fast path; softcap, mask, causal and window per element (eight
 // elements per thread per tile: registers only).
 constexpr int STAGES = DEC_STAGES;
@@ -365,6 +370,12 @@ constexpr int DEC_SMEM_BYTES = DEC_Q_BYTES + DEC_RING_BYTES;
 constexpr int WPITCH = DEC_MAX_SPLITS + 1;  // per-row split weights, then the row sum
 constexpr int DEC_MERGE_FLOATS = DNW * DROWS * OPITCH + 2 * DNW * DROWS + DROWS * WPITCH;
 constexpr int DEC_LOADS = DBN * CHUNKS / DNT;  // 16-byte K (and V) chunks per thread per tile
+#ifndef DEC_CLUSTER
+#define DEC_CLUSTER 0
+#endif
+constexpr int CL = DEC_CLUSTER;    // cluster split merge: CTAs per cluster (0: through memory)
+static_assert(CL == 0 || (CL >= 2 && CL <= 8), "DEC_CLUSTER must be 0 or in [2, 8]");
+static_assert(DEC_MERGE_FLOATS % 4 == 0, "the cluster receive area must be 16-byte aligned");
 
 static_assert(BLOCK_N == DBN, "the decode build needs BLOCK_N == 16 * NWARPS");
 static_assert(STAGES >= 2 && STAGES <= 8, "DEC_STAGES must be in [2, 8]");
@@ -400,7 +411,70 @@ __device__ __forceinline__ void dec_store4(T* p, float a, float b, float c, floa
     *reinterpret_cast<uint2*>(p) = u;
 }
 
+// A partial's float(s): from global memory through L2 (other CTAs wrote it) or from this
+// CTA's shared memory (the cluster merge).
+template <bool SHARED> __device__ __forceinline__ float dec_ld(const float* p) {
+    return SHARED ? *p : __ldcg(p);
+}
+template <bool SHARED> __device__ __forceinline__ float4 dec_ld4(const float* p) {
+    return SHARED ? *reinterpret_cast<const float4*>(p) : __ldcg(reinterpret_cast<const float4*>(p));
+}
+
+// The last step of the split merge: every split's partial of each of the R rows (unnormalised
+// O, max in log2 units, sum) in fixed split order, normalised into the output. Partial s of
+// row r: O at po + o_row(r) * D + s * o_split, (max, sum) at pml + 2 * o_row(r) + s * ml_split,
+// where o_row(r) = r in shared memory and the row's output row s_orow[r] in global memory.
+template <bool SHARED>
+__device__ __forceinline__ void dec_merge_splits(const float* po, const float* pml,
+                                                 long long o_split, long long ml_split,
+                                                 const long long* s_orow,
+                                                 const long long* s_ooff, float* Wt,
+                                                 T* __restrict__ out, int R, int D, int splits,
+                                                 int tid) {
+    const int D4 = D >> 2;
+    for (int r = tid; r < R; r += DNT) {
+        const float* ml = pml + 2 * (SHARED ? (long long)r : s_orow[r]);
+        float M = neg_inf();
+        for (int s = 0; s < splits; ++s) M = fmaxf(M, dec_ld<SHARED>(ml + s * ml_split));
+        float L = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            float a = 0.f;
+            const float ms = dec_ld<SHARED>(ml + s * ml_split);
+            if (ms != neg_inf()) {  // all -inf: L = 0, the row gives zeros
+                a = exp2f(ms - M);
+                L += a * dec_ld<SHARED>(ml + s * ml_split + 1);
+            }
+            Wt[r * WPITCH + s] = a;
+        }
+        Wt[r * WPITCH + DEC_MAX_SPLITS] = L;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < R * D4; idx += DNT) {
+        const int r = idx / D4;
+        const int c = (idx - r * D4) * 4;
+        const float* wr = Wt + r * WPITCH;
+        const float* p = po + (SHARED ? (long long)r : s_orow[r]) * D + c;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int s = 0; s < splits; ++s) {
+            const float a = wr[s];
+            if (a == 0.f) continue;  // an empty split (or one that underflows): adds nothing
+            const float4 ov = dec_ld4<SHARED>(p + s * o_split);
+            acc.x += a * ov.x;
+            acc.y += a * ov.y;
+            acc.z += a * ov.z;
+            acc.w += a * ov.w;
+        }
+        const float L = wr[DEC_MAX_SPLITS];
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        dec_store4(out + s_ooff[r] + c, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(DNT)
+#if DEC_CLUSTER
+__cluster_dims__(1, DEC_CLUSTER, 1)
+#endif
 attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ long long s_orow[DROWS];  // output row (b*H + h)*Sq + i of each packed row
@@ -408,10 +482,14 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
     __shared__ int s_last;
     // Launch mistakes the host never makes (uniform: the whole grid leaves): too little
     // shared memory, more splits than the weight table holds, no counters to merge with,
-    // more rows than one mma row block.
+    // more rows than one mma row block; a cluster build with splits other than its cluster
+    // size or partials that do not fit rank 0's ring (the whole cluster leaves).
     if (dynamic_smem_bytes() < (unsigned)DEC_SMEM_BYTES) return;
-    if (splits < 1 || splits > DEC_MAX_SPLITS || (splits > 1 && counters == nullptr)) return;
+    if (splits < 1 || splits > DEC_MAX_SPLITS) return;
+    if (CL ? splits != CL : (splits > 1 && counters == nullptr)) return;
     if (row_tiles != 1 || (long long)(H / Hkv) * Sq > DROWS) return;
+    if (CL && (DEC_MERGE_FLOATS + (long long)CL * (H / Hkv) * Sq * (D + 2)) * 4 > DEC_RING_BYTES)
+        return;
 
     T* Qs = reinterpret_cast<T*>(smem_raw);  // [DROWS][PITCH]
     T* ring = Qs + DROWS * PITCH;            // [STAGES][K | V][DBN][PITCH]
@@ -565,6 +643,7 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
         cp_async_wait<0>();  // only empty groups remain; nothing may still write the ring
     }
     __syncthreads();  // every warp is done with the ring: it becomes the merge scratch
+    if (CL) cluster_arrive_relaxed();  // and, once all have arrived, rank 0's receive area
 
     float* Om = reinterpret_cast<float*>(ring);  // [DNW][DROWS][OPITCH]
     float* Mw = Om + DNW * DROWS * OPITCH;       // [DNW][DROWS] running max (log2 units)
@@ -590,6 +669,14 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
     const int R = w.R;
     const int D4 = D >> 2;  // D % 8 == 0 (host-checked)
     const long long n_rows = (long long)B * H * Sq;
+    // Cluster merge: rank 0's receive area after its merge scratch, O [CL][R][D] then
+    // (max, sum) [CL][R][2]; written once every CTA of the cluster is past its loop.
+    float* Rv = reinterpret_cast<float*>(ring) + DEC_MERGE_FLOATS;
+    unsigned rv0 = 0;
+    if (CL) {
+        cluster_wait();
+        rv0 = cluster_mapa(smem_u32(Rv), 0u);
+    }
     for (int idx = tid; idx < R * D4; idx += DNT) {
         const int r = idx / D4;
         const int c = (idx - r * D4) * 4;
@@ -614,6 +701,10 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
             // A row that saw no visible key has L = 0 and acc = 0: it gives zeros.
             const float inv = L > 0.f ? 1.f / L : 0.f;
             dec_store4(out + s_ooff[r] + c, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        } else if (CL) {
+            const unsigned pr = (unsigned)(w.split * R + r);
+            st_cluster_f32x4(rv0 + 4u * (pr * D + c), acc);
+            if (c == 0) st_cluster_f32x2(rv0 + 4u * (CL * R * D + 2 * pr), M, L);
         } else {
             const long long pr = (long long)w.split * n_rows + s_orow[r];
             *reinterpret_cast<float4*>(ws_o + pr * D + c) = acc;
@@ -624,6 +715,17 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
         }
     }
     if (splits == 1) return;
+
+    if (CL) {
+        // Every partial is in rank 0's shared memory once all have arrived (release/acquire).
+        // The others leave (nothing reads their shared memory); rank 0 merges.
+        cluster_arrive_release();
+        if (w.split != 0) return;  // uniform per CTA
+        cluster_wait();
+        dec_merge_splits<true>(Rv, Rv + CL * R * D, (long long)R * D, 2LL * R, s_orow, s_ooff,
+                               Wt, out, R, D, splits, tid);
+        return;
+    }
 
     // Arrive; the last CTA of this row tile merges every split (index_share_mma.cu pattern).
     __threadfence();  // this thread's partial stores, device-wide, before the arrival below
@@ -636,43 +738,8 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
     if (!s_last) return;  // uniform: the whole CTA leaves
     __threadfence();
 
-    for (int r = tid; r < R; r += DNT) {
-        const float* ml = ws_ml + 2 * s_orow[r];
-        float M = neg_inf();
-        for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(ml + 2 * (s * n_rows)));
-        float L = 0.f;
-        for (int s = 0; s < splits; ++s) {
-            float a = 0.f;
-            const float ms = __ldcg(ml + 2 * (s * n_rows));
-            if (ms != neg_inf()) {  // all -inf: L = 0, the row gives zeros
-                a = exp2f(ms - M);
-                L += a * __ldcg(ml + 2 * (s * n_rows) + 1);
-            }
-            Wt[r * WPITCH + s] = a;
-        }
-        Wt[r * WPITCH + DEC_MAX_SPLITS] = L;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < R * D4; idx += DNT) {
-        const int r = idx / D4;
-        const int c = (idx - r * D4) * 4;
-        const float* wr = Wt + r * WPITCH;
-        const float* po = ws_o + s_orow[r] * D + c;
-        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-        for (int s = 0; s < splits; ++s) {
-            const float a = wr[s];
-            if (a == 0.f) continue;  // an empty split (or one that underflows): adds nothing
-            const float4 ov = __ldcg(reinterpret_cast<const float4*>(po + s * n_rows * D));
-            acc.x += a * ov.x;
-            acc.y += a * ov.y;
-            acc.z += a * ov.z;
-            acc.w += a * ov.w;
-        }
-        const float L = wr[DEC_MAX_SPLITS];
-        const float inv = L > 0.f ? 1.f / L : 0.f;
-        dec_store4(out + s_ooff[r] + c, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-    }
+    dec_merge_splits<false>(ws_o, ws_ml, n_rows * D, 2 * n_rows, s_orow, s_ooff, Wt, out, R, D,
+                            splits, tid);
     if (tid == 0) counters[blockIdx.x] = 0u;  // re-armed: the next launch (stream order) starts at 0
 }
 #endif  // DEC_STAGES

@@ -150,4 +150,31 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
 }
 
+// ---- thread-block clusters (sm_90+; only builds that use them emit these) ---------------
+// Rank `rank`'s shared address for this CTA's shared address `a`.
+__device__ __forceinline__ unsigned cluster_mapa(unsigned a, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+// Cluster barrier halves (every non-exited thread of the cluster arrives, warp-convergent).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Stores into another CTA's shared memory (an address from cluster_mapa).
+__device__ __forceinline__ void st_cluster_f32x4(unsigned a, float4 v) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n"
+                 :: "r"(a), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+__device__ __forceinline__ void st_cluster_f32x2(unsigned a, float x, float y) {
+    asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" :: "r"(a), "f"(x), "f"(y)
+                 : "memory");
+}
+
 }  // namespace nxrt
