@@ -39,8 +39,8 @@ Paths
     call. Masks, softcap, causal and window as ``tc``. ``auto`` takes it for such calls when
     the module flag ``DECODE_PATH`` is ``"single"`` (``"tc"``: the mma.sync kernel + split-KV
     + ``attn_combine``, the measured route); ``path="decode"`` forces it. On compute
-    capability 9.0+, when the split count is a cluster size of ``DEC_CLUSTERS`` (2, 4, 8),
-    the split CTAs of a row tile form one thread-block cluster instead and merge through
+    capability 9.0+, when the split count is a cluster size of ``DEC_CLUSTERS`` (2), the
+    split CTAs of a row tile form one thread-block cluster instead and merge through
     distributed shared memory (``dec_merge="cluster"``, the default there, see
     :func:`dec_cluster_reason`): no partials, counters or workspace, the same bits.
 ``unfused``
@@ -183,8 +183,12 @@ DEC_CTAS_PER_SM = 2       # resident decode CTAs per SM (H100/H200 shared memory
 DEC_MIN_TILES = 2         # key tiles per split at least (a split costs a partial and a merge)
 #: Cluster sizes of the decode builds whose split CTAs merge through distributed shared memory
 #: (compute capability 9.0+, build ``DEC_CLUSTER``): a decode plan whose split count is one of
-#: these takes that merge unless ``dec_merge="last"``.
-DEC_CLUSTERS = (2, 4, 8)
+#: these takes that merge unless ``dec_merge="last"``. Only pairs: a cluster's CTAs must be
+#: co-resident, and on the H200 the driver places at most 62 clusters of 4 and 30 of 8 of
+#: this kernel (2 CTAs per SM, 264 slots) but 132 of 2, so the grids ``decode_splits`` sizes
+#: for 4 and 8 splits (64 x 4, 32 x 8 CTAs) would run a second wave: 1.4x / 1.2x slower at
+#: Sk 8k in tools/sweep_attention_decode.py (NOTES.md). The kernel takes any size up to 8.
+DEC_CLUSTERS = (2,)
 #: ``dec_merge`` values: ``auto`` (cluster where :func:`dec_cluster_reason` allows, else the
 #: last-arriving CTA through memory), ``last`` (always through memory), ``cluster`` (forced).
 DEC_MERGES = ("auto", "last", "cluster")

@@ -3,6 +3,7 @@ layout, shared memory, compiles (no spills) and launches checked against the PTX
 
 from __future__ import annotations
 
+import contextlib
 import re
 from types import SimpleNamespace
 
@@ -121,19 +122,36 @@ def test_num_splits_forced_and_clamped():
 H100 = (9, 0)
 
 
+@contextlib.contextmanager
+def monkeypatch_clusters(sizes):
+    """Plan as if the decode cluster builds were ``sizes`` (the kernel takes up to 8)."""
+    old = attention.DEC_CLUSTERS
+    attention.DEC_CLUSTERS = tuple(sizes)
+    try:
+        yield
+    finally:
+        attention.DEC_CLUSTERS = old
+
+
 def test_cluster_merge_plan():
-    a, d = attrs(), Dims(8, 32, 8, 1, 1024, 128, 0)  # the bench rows: 4 splits
+    assert DEC_CLUSTERS == (2,)  # pairs only: 4 and 8 do not fit one wave (NOTES.md)
+    a, d = attrs(), Dims(16, 32, 8, 1, 1024, 128, 0)  # B 16: 2 splits
     p = plan(a, d, BF16, 132, path="decode", cc=H100)
-    assert (p.splits, p.cluster, p.workspace, p.ws_ml, p.ws_cnt) == (4, 4, 0, 0, 0)
+    assert (p.splits, p.cluster, p.workspace, p.ws_ml, p.ws_cnt) == (2, 2, 0, 0, 0)
     assert plan(a, d, BF16, 132, path="decode", cc=H100, dec_merge="cluster") == p
+    assert plan(a, d, BF16, 132, cc=H100) == p  # auto
     for cc in (None, (8, 0), (8, 9)):  # no clusters before compute capability 9.0
         q = plan(a, d, BF16, 132, path="decode", cc=cc)
-        assert q.cluster == 0 and q.workspace == decode_layout(256, 128, 4, 64)[2]
+        assert q.cluster == 0 and q.workspace == decode_layout(512, 128, 2, 128)[2]
         with pytest.raises(KernelError, match="compute capability"):
             plan(a, d, BF16, 132, path="decode", cc=cc, dec_merge="cluster")
     q = plan(a, d, BF16, 132, path="decode", cc=H100, dec_merge="last")
-    assert q.cluster == 0 and q.workspace == decode_layout(256, 128, 4, 64)[2]
-    # every cluster size; other split counts merge through memory (forced: refused)
+    assert q.cluster == 0 and q.workspace == decode_layout(512, 128, 2, 128)[2]
+    # the bench rows (B 8: 4 splits) and B 4 (8 splits) merge through memory
+    for B, s in ((8, 4), (4, 8)):
+        q = plan(a, Dims(B, 32, 8, 1, 8192, 128, 0), BF16, 132, cc=H100)
+        assert (q.splits, q.cluster) == (s, 0) and q.workspace > 0
+    # the cluster sizes; other split counts merge through memory (forced: refused)
     for splits in range(1, 12):
         q = plan(a, d, BF16, 132, path="decode", cc=H100, num_splits=splits)
         assert q.cluster == (splits if splits in DEC_CLUSTERS else 0)
@@ -142,35 +160,31 @@ def test_cluster_merge_plan():
             with pytest.raises(KernelError, match="splits" if splits > 1 else "one split"):
                 plan(a, d, BF16, 132, path="decode", cc=H100, num_splits=splits,
                      dec_merge="cluster")
-    # B 4 and B 16 take 8 and 2 splits; prefill never clusters
-    assert plan(a, Dims(4, 32, 8, 1, 8192, 128, 0), BF16, 132, cc=H100).cluster == 8
-    assert plan(a, Dims(16, 32, 8, 1, 8192, 128, 0), F16, 132, cc=H100).cluster == 2
+    # prefill never clusters
     assert plan(a, Dims(1, 32, 8, 512, 8192, 128, 0), BF16, 132, cc=H100).path == "wg"
     with pytest.raises(ValueError, match="dec_merge"):
         plan(a, d, BF16, 132, cc=H100, dec_merge="atomic")
 
 
 def test_cluster_receive_area_bound():
-    """Rank 0 receives splits x G·Sq rows of D f32 after its merge scratch: 16 rows of D 128
-    in 8 splits do not fit the D 128 ring (they merge through memory), 15 rows do."""
+    """Rank 0 receives splits x G·Sq rows of D f32 after its merge scratch (the kernel's bound;
+    with pairs every build fits 16 rows of its full head dim)."""
     cc = H100
-    full = Dims(1, 16, 1, 1, 8192, 128, 0)     # 16 packed rows
-    assert dec_cluster_reason(full, 128, 8, cc) is not None
-    assert dec_cluster_reason(full, 128, 4, cc) is None
-    assert dec_cluster_reason(Dims(1, 15, 1, 1, 8192, 128, 0), 128, 8, cc) is None
-    p = plan(attrs(16, 1), full, BF16, 132, path="decode", cc=cc, num_splits=8)
-    assert p.cluster == 0 and p.workspace > 0
-    with pytest.raises(KernelError, match="ring"):
-        plan(attrs(16, 1), full, BF16, 132, path="decode", cc=cc, num_splits=8,
-             dec_merge="cluster")
+    full = Dims(1, 16, 1, 1, 8192, 256, 0)     # 16 packed rows of D 256
+    assert dec_cluster_reason(full, 256, 2, cc) is None
+    with monkeypatch_clusters((2, 8)):
+        assert "ring" in dec_cluster_reason(Dims(1, 16, 1, 1, 8192, 128, 0), 128, 8, cc)
+        assert dec_cluster_reason(Dims(1, 15, 1, 1, 8192, 128, 0), 128, 8, cc) is None
     for dp, (nwarps, stages) in DEC_TILES.items():  # the formula is the kernel's bound
         ring = stages * 2 * 16 * nwarps * (dp + 8) * 2
         scratch = nwarps * 16 * (dp + 8) + 2 * nwarps * 16 + 16 * (DEC_MAX_SPLITS + 1)
         for rows in (1, 4, 16):
-            for c in DEC_CLUSTERS:
+            for c in (2, 4, 8):
                 d = Dims(1, rows, 1, 1, 4096, dp, 0)
                 fits = (scratch + c * rows * (dp + 2)) * 4 <= ring
-                assert (dec_cluster_reason(d, dp, c, cc) is None) == fits
+                assert fits or c > 2
+                with monkeypatch_clusters((c,)):
+                    assert (dec_cluster_reason(d, dp, c, cc) is None) == fits
 
 
 def test_dec_merge_validated():
@@ -232,8 +246,8 @@ def test_variants_listed():
 # ------------------------------------------------------------------ compiles and launches
 # A bounded subset (tests/test_attention_cpu.py compiles every variant for both targets).
 _COMPILE = [(BF16, 128, "sm_90", 0), (BF16, 128, "sm_80", 0), (F16, 256, "sm_80", 0),
-            (F16, 80, "sm_90", 0), (BF16, 64, "sm_90", 0), (BF16, 128, "sm_90", 4),
-            (F16, 256, "sm_90", 8), (F16, 64, "sm_90", 2)]
+            (F16, 80, "sm_90", 0), (BF16, 64, "sm_90", 0), (BF16, 128, "sm_90", 2),
+            (F16, 256, "sm_90", 2), (F16, 64, "sm_90", 8)]
 _PARAM_RE = re.compile(r"\.param\s+\.(\w+)")
 
 
@@ -345,21 +359,22 @@ def test_one_launch_and_counter_pool(ptx):
 
 
 def test_cluster_merge_launch(ptx):
-    """Compute capability 9.0, 4 splits: the DEC_CLUSTER=4 build, no partials, no counters,
-    no pool, no memset, no workspace (eager, capturing, and with a workspace passed anyway)."""
+    """Compute capability 9.0, 2 splits (B 16): the DEC_CLUSTER=2 build, no partials, no
+    counters, no pool, no memset, no workspace (eager, capturing, and with a workspace passed
+    anyway)."""
     rt = FakeRt(ptx, cc=(9, 0))
     k = AttentionKernel(rt, node(), path="decode")
-    ins, out = _views(Sk=1024)
+    ins, out = _views(B=16, Sk=1024)
     assert k.workspace_requirement([t.meta for t in ins]).nbytes == 0
     k.execute(ins, [out], None)
     rt.capturing = True
     k.execute(ins, [out], WorkspaceView(0x100000000, 4096))
     for name, grid, block, smem, args in rt.launches:
-        assert (name, grid, block, smem) == ("attn_decode", (64, 4, 1), (128, 1, 1),
+        assert (name, grid, block, smem) == ("attn_decode", (128, 2, 1), (128, 1, 1),
                                              dec_smem_bytes(128))
-        assert args[5] == 0 and args[6] == 0 and args[-1] == 0 and int(args[-2]) == 4
-    assert any("-DDEC_CLUSTER=4" in o for o in rt.options[0])
-    assert k.last_plan.cluster == 4 and not rt.memsets and not rt.live
+        assert args[5] == 0 and args[6] == 0 and args[-1] == 0 and int(args[-2]) == 2
+    assert any("-DDEC_CLUSTER=2" in o for o in rt.options[0])
+    assert k.last_plan.cluster == 2 and not rt.memsets and not rt.live
     assert not k._cnt_pool.ptr
     # dec_merge="last" on the same device: the memory build with its counters
     rt.capturing = False
@@ -410,6 +425,7 @@ def test_misaligned_pointer_falls_back_to_simt(ptx):
     # a cluster plan has no partials buffer: its simt fallback runs unsplit
     rt = FakeRt(ptx, cc=(9, 0))
     k = AttentionKernel(rt, node(), path="decode")
+    ins, out = _views(B=16, qptr=0x10008)
     k.execute(ins, [out], None)
     assert [x[0] for x in rt.launches] == ["attn_fused_simt"]
     assert k.last_plan.splits == 1 and rt.launches[0][1][1] == 1

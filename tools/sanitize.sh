@@ -93,10 +93,10 @@ or f32-cap-hiN-k1 or bf16-odd-h72-rank3 or f16-narrow-h20 or f32-decode-splitk \
 or bf16-wg-h64-g96-cap or bf16-ws-g128-i64-rank4 or f16-ws-gqa2-g128-h64)) \
 or test_eager_rejects_bad_rows or test_capture_replay_and_poisoned_indices"
 # racecheck is the slowest (every shared-memory access is tracked): fewer cases.
-DEC_K="(test_cluster_merge_equals_memory_merge and (B8H32 or k200D128 or q4k1000 or q3k300 \
+DEC_K="(test_cluster_merge_equals_memory_merge and (B16H32 or k60D128 or q4k1000 or q3k300 \
 or k2000D256 or m2-local)) or (test_capture_replay_with_new_inputs and (cluster or pool)) \
 or (test_vs_reference and (s7 or s5 or q2k1000D64))"
-DEC_K_RACE="(test_cluster_merge_equals_memory_merge and (B8H32 or k200D128 or q4k1000)) \
+DEC_K_RACE="(test_cluster_merge_equals_memory_merge and (B16H32 or k60D128 or q4k1000)) \
 or (test_vs_reference and s5)"
 ATTN_K_RACE="(test_vs_reference and (q17k128D64 or q1k17D80)) or test_simt_fallback \
 or (test_split_kv and fused-4) or (test_wg_persistent and q128k1000D128)"

@@ -373,6 +373,9 @@ constexpr int DEC_LOADS = DBN * CHUNKS / DNT;  // 16-byte K (and V) chunks per t
 #ifndef DEC_CLUSTER
 #define DEC_CLUSTER 0
 #endif
+#ifndef DEC_MERGE_V
+#define DEC_MERGE_V 2
+#endif
 constexpr int CL = DEC_CLUSTER;    // cluster split merge: CTAs per cluster (0: through memory)
 static_assert(CL == 0 || (CL >= 2 && CL <= 8), "DEC_CLUSTER must be 0 or in [2, 8]");
 static_assert(DEC_MERGE_FLOATS % 4 == 0, "the cluster receive area must be 16-byte aligned");
@@ -382,6 +385,7 @@ static_assert(STAGES >= 2 && STAGES <= 8, "DEC_STAGES must be in [2, 8]");
 static_assert(DBN * CHUNKS % DNT == 0, "every thread issues the same number of copies");
 static_assert(DEC_Q_BYTES % 16 == 0, "the ring must start 16-byte aligned");
 static_assert(DEC_MERGE_FLOATS * 4 <= DEC_RING_BYTES, "the merge scratch must fit in the ring");
+static_assert(2 * DROWS * WPITCH <= DNW * DROWS * OPITCH, "the staged (max, sum) fit the warps' O");
 
 // cp.async of tile keys [j0, j0 + DBN) of K and V into one ring stage (K rows, then V rows).
 __device__ __forceinline__ void dec_load_tile(T* dst, const T* __restrict__ kbase,
@@ -428,10 +432,39 @@ template <bool SHARED>
 __device__ __forceinline__ void dec_merge_splits(const float* po, const float* pml,
                                                  long long o_split, long long ml_split,
                                                  const long long* s_orow,
-                                                 const long long* s_ooff, float* Wt,
+                                                 const long long* s_ooff, float* Wt, float* Ms,
                                                  T* __restrict__ out, int R, int D, int splits,
                                                  int tid) {
     const int D4 = D >> 2;
+#if DEC_MERGE_V >= 2
+    // Every (max, sum) pair in one round of independent loads, staged as Ms [R][WPITCH] and
+    // Ls (the same arithmetic below reads them from shared memory).
+    float* Ls = Ms + DROWS * WPITCH;
+    for (int i = tid; i < R * splits; i += DNT) {
+        const int r = i / splits;
+        const int s = i - r * splits;
+        const float* ml = pml + 2 * (SHARED ? (long long)r : s_orow[r]) + s * ml_split;
+        Ms[r * WPITCH + s] = dec_ld<SHARED>(ml);
+        Ls[r * WPITCH + s] = dec_ld<SHARED>(ml + 1);
+    }
+    __syncthreads();
+    for (int r = tid; r < R; r += DNT) {
+        float M = neg_inf();
+        for (int s = 0; s < splits; ++s) M = fmaxf(M, Ms[r * WPITCH + s]);
+        float L = 0.f;
+        for (int s = 0; s < splits; ++s) {
+            float a = 0.f;
+            const float ms = Ms[r * WPITCH + s];
+            if (ms != neg_inf()) {  // all -inf: L = 0, the row gives zeros
+                a = exp2f(ms - M);
+                L += a * Ls[r * WPITCH + s];
+            }
+            Wt[r * WPITCH + s] = a;
+        }
+        Wt[r * WPITCH + DEC_MAX_SPLITS] = L;
+    }
+#else
+    (void)Ms;
     for (int r = tid; r < R; r += DNT) {
         const float* ml = pml + 2 * (SHARED ? (long long)r : s_orow[r]);
         float M = neg_inf();
@@ -448,6 +481,7 @@ __device__ __forceinline__ void dec_merge_splits(const float* po, const float* p
         }
         Wt[r * WPITCH + DEC_MAX_SPLITS] = L;
     }
+#endif
     __syncthreads();
     for (int idx = tid; idx < R * D4; idx += DNT) {
         const int r = idx / D4;
@@ -723,11 +757,19 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
         if (w.split != 0) return;  // uniform per CTA
         cluster_wait();
         dec_merge_splits<true>(Rv, Rv + CL * R * D, (long long)R * D, 2LL * R, s_orow, s_ooff,
-                               Wt, out, R, D, splits, tid);
+                               Wt, Om, out, R, D, splits, tid);
         return;
     }
 
-    // Arrive; the last CTA of this row tile merges every split (index_share_mma.cu pattern).
+    // Arrive; the last CTA of this row tile merges every split. One thread's acq_rel
+    // arrival between two barriers publishes the CTA's partials and, for the last CTA, orders
+    // its loads of the others' partials after theirs (see atomic_add_acq_rel_gpu).
+#if DEC_MERGE_V >= 2
+    __syncthreads();  // every warp-merge read of Om is done: the merge reuses it as scratch
+    if (tid == 0) s_last = atomic_add_acq_rel_gpu(counters + blockIdx.x, 1u) == (unsigned)(splits - 1);
+    __syncthreads();
+    if (!s_last) return;  // uniform: the whole CTA leaves
+#else
     __threadfence();  // this thread's partial stores, device-wide, before the arrival below
     __syncthreads();
     if (tid == 0) {
@@ -737,9 +779,10 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
     __syncthreads();
     if (!s_last) return;  // uniform: the whole CTA leaves
     __threadfence();
+#endif
 
-    dec_merge_splits<false>(ws_o, ws_ml, n_rows * D, 2 * n_rows, s_orow, s_ooff, Wt, out, R, D,
-                            splits, tid);
+    dec_merge_splits<false>(ws_o, ws_ml, n_rows * D, 2 * n_rows, s_orow, s_ooff, Wt, Om, out, R,
+                            D, splits, tid);
     if (tid == 0) counters[blockIdx.x] = 0u;  // re-armed: the next launch (stream order) starts at 0
 }
 #endif  // DEC_STAGES

@@ -177,4 +177,16 @@ __device__ __forceinline__ void st_cluster_f32x2(unsigned a, float x, float y) {
                  : "memory");
 }
 
+// ---- gpu-scope arrival counter ---------------------------------------------------------
+// atom.add with acquire-release semantics at gpu scope: issued by one thread after a
+// __syncthreads, it publishes the CTA's earlier stores (release is cumulative over what the
+// barrier ordered before it) and, followed by a __syncthreads, orders the CTA's later loads
+// after every store published before the earlier arrivals (CUTLASS's GenericBarrier idiom).
+__device__ __forceinline__ unsigned atomic_add_acq_rel_gpu(unsigned* p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;\n"
+                 : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
 }  // namespace nxrt
