@@ -505,7 +505,7 @@ __device__ __forceinline__ void dec_merge_splits(const float* po, const float* p
     }
 }
 
-extern "C" __global__ void __launch_bounds__(DNT)
+extern "C" __global__ void __launch_bounds__(DNT, 2)
 #if DEC_CLUSTER
 __cluster_dims__(1, DEC_CLUSTER, 1)
 #endif
