@@ -10,8 +10,8 @@ Compares the decode routes on bf16, D 128, H 32 / Hkv 8, Sq 1 (the bench rows ar
   (``dec_merge="last"``; counters from the kernel's pool);
 * ``last-ws``: the same with the counters in the workspace (a memset per call);
 * ``cluster``: the single-kernel decode with the split CTAs of a row tile in one thread-block
-  cluster merging through distributed shared memory (``dec_merge="auto"`` on compute
-  capability 9.0 with 2, 4 or 8 splits; otherwise the same plan as ``last``).
+  cluster merging through distributed shared memory (``dec_merge="auto"``: on compute
+  capability 9.0 with 2 splits, the B 16 rows; otherwise the same plan as ``last``).
 
 First correctness: small odd cases of the decode kernel vs float64 (f16/bf16, GQA/MHA,
 forced splits), and a few rows of every timed case vs float64 for every route; ``cluster``

@@ -373,9 +373,6 @@ constexpr int DEC_LOADS = DBN * CHUNKS / DNT;  // 16-byte K (and V) chunks per t
 #ifndef DEC_CLUSTER
 #define DEC_CLUSTER 0
 #endif
-#ifndef DEC_MERGE_V
-#define DEC_MERGE_V 2
-#endif
 constexpr int CL = DEC_CLUSTER;    // cluster split merge: CTAs per cluster (0: through memory)
 static_assert(CL == 0 || (CL >= 2 && CL <= 8), "DEC_CLUSTER must be 0 or in [2, 8]");
 static_assert(DEC_MERGE_FLOATS % 4 == 0, "the cluster receive area must be 16-byte aligned");
@@ -436,7 +433,6 @@ __device__ __forceinline__ void dec_merge_splits(const float* po, const float* p
                                                  T* __restrict__ out, int R, int D, int splits,
                                                  int tid) {
     const int D4 = D >> 2;
-#if DEC_MERGE_V >= 2
     // Every (max, sum) pair in one round of independent loads, staged as Ms [R][WPITCH] and
     // Ls (the same arithmetic below reads them from shared memory).
     float* Ls = Ms + DROWS * WPITCH;
@@ -463,25 +459,6 @@ __device__ __forceinline__ void dec_merge_splits(const float* po, const float* p
         }
         Wt[r * WPITCH + DEC_MAX_SPLITS] = L;
     }
-#else
-    (void)Ms;
-    for (int r = tid; r < R; r += DNT) {
-        const float* ml = pml + 2 * (SHARED ? (long long)r : s_orow[r]);
-        float M = neg_inf();
-        for (int s = 0; s < splits; ++s) M = fmaxf(M, dec_ld<SHARED>(ml + s * ml_split));
-        float L = 0.f;
-        for (int s = 0; s < splits; ++s) {
-            float a = 0.f;
-            const float ms = dec_ld<SHARED>(ml + s * ml_split);
-            if (ms != neg_inf()) {  // all -inf: L = 0, the row gives zeros
-                a = exp2f(ms - M);
-                L += a * dec_ld<SHARED>(ml + s * ml_split + 1);
-            }
-            Wt[r * WPITCH + s] = a;
-        }
-        Wt[r * WPITCH + DEC_MAX_SPLITS] = L;
-    }
-#endif
     __syncthreads();
     for (int idx = tid; idx < R * D4; idx += DNT) {
         const int r = idx / D4;
@@ -764,22 +741,10 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
     // Arrive; the last CTA of this row tile merges every split. One thread's acq_rel
     // arrival between two barriers publishes the CTA's partials and, for the last CTA, orders
     // its loads of the others' partials after theirs (see atomic_add_acq_rel_gpu).
-#if DEC_MERGE_V >= 2
     __syncthreads();  // every warp-merge read of Om is done: the merge reuses it as scratch
     if (tid == 0) s_last = atomic_add_acq_rel_gpu(counters + blockIdx.x, 1u) == (unsigned)(splits - 1);
     __syncthreads();
     if (!s_last) return;  // uniform: the whole CTA leaves
-#else
-    __threadfence();  // this thread's partial stores, device-wide, before the arrival below
-    __syncthreads();
-    if (tid == 0) {
-        __threadfence();  // cumulative: the CTA's stores (seen through the barrier) first
-        s_last = atomicAdd(counters + blockIdx.x, 1u) == (unsigned)(splits - 1);
-    }
-    __syncthreads();
-    if (!s_last) return;  // uniform: the whole CTA leaves
-    __threadfence();
-#endif
 
     dec_merge_splits<false>(ws_o, ws_ml, n_rows * D, 2 * n_rows, s_orow, s_ooff, Wt, Om, out, R,
                             D, splits, tid);
