@@ -50,6 +50,7 @@
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_NST (ring slots, 2-4: shared
 // memory allows 2 at IS_HD 128), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER.
 #include "index_share_mma.cuh"
+#include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
 #ifndef IS_HD
 #define IS_HD 128
@@ -158,19 +159,7 @@ __device__ __forceinline__ int ws_warp_min(int v) {
 }
 
 #if IS_CLUSTER
-// The partner CTA's shared address for this CTA's address `a`.
-__device__ __forceinline__ unsigned ws_mapa(unsigned a, unsigned rank) {
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(rank));
-  return r;
-}
-// Cluster barrier halves: every thread of both CTAs arrives (relaxed), then waits (acquire).
-__device__ __forceinline__ void ws_cluster_arrive_relaxed() {
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void ws_cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
+// mapa and the cluster barrier halves: common.cuh's nxrt::cluster_* (included above).
 // 16 bytes into the partner's shared memory at `a`, completing `bytes` of the transaction
 // count of the partner's mbarrier `rbar`.
 __device__ __forceinline__ void ws_st_async4(unsigned a, float x, float y, float z, float w,
@@ -276,7 +265,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
   }
   __syncthreads();  // the last CTA-wide barrier
 #if IS_CLUSTER
-  ws_cluster_arrive_relaxed();  // phase 1: the exchange mbarrier is initialised (waited below)
+  nxrt::cluster_arrive_relaxed();  // phase 1: the exchange mbarrier is initialised (waited below)
 #endif
 
   if (wg == 0) {
@@ -432,9 +421,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     is_cp_async_commit();
     is_cp_async_wait(0);
 #if IS_CLUSTER
-    ws_cluster_wait();  // the consumers' exchange (every thread of the cluster takes part)
-    ws_cluster_arrive_relaxed();
-    ws_cluster_wait();
+    nxrt::cluster_wait();  // the consumers' exchange (every thread of the cluster takes part)
+    nxrt::cluster_arrive_relaxed();
+    nxrt::cluster_wait();
 #endif
     return;
   }
@@ -648,14 +637,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       static_assert(OFF_V == OFF_K + NST * T_BYTES, "the rings are contiguous");
       const unsigned xbuf = sbase + OFF_K + 16u * (unsigned)ctid;
       float4* xloc = reinterpret_cast<float4*>(smem + OFF_K) + ctid;
-      ws_cluster_wait();  // phase 1 (the partner's exchange mbarrier is initialised)
+      nxrt::cluster_wait();  // phase 1 (the partner's exchange mbarrier is initialised)
       if (ctid == 0)
         ws_mbar_expect_tx(bar_xch(bars), (t.nh > 64 ? 256u : 128u) * (XH + 1) * 16u);
-      ws_cluster_arrive_relaxed();  // phase 2: both CTAs' rings are read
-      ws_cluster_wait();
+      nxrt::cluster_arrive_relaxed();  // phase 2: both CTAs' rings are read
+      nxrt::cluster_wait();
       if (active) {
-        const unsigned rx = ws_mapa(xbuf, (unsigned)(cl_rank ^ 1));
-        const unsigned rbar = ws_mapa(bar_xch(bars), (unsigned)(cl_rank ^ 1));
+        const unsigned rx = nxrt::cluster_mapa(xbuf, (unsigned)(cl_rank ^ 1));
+        const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), (unsigned)(cl_rank ^ 1));
         int n = 0;
 #pragma unroll
         for (int J = 0; J < 8 * HB; ++J) {
