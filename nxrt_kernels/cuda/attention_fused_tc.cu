@@ -654,7 +654,9 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
         cp_async_wait<0>();  // only empty groups remain; nothing may still write the ring
     }
     __syncthreads();  // every warp is done with the ring: it becomes the merge scratch
-    if (CL) cluster_arrive_relaxed();  // and, once all have arrived, rank 0's receive area
+    // ... and, once all have arrived, rank 0's receive area: a release arrive, so the ring's
+    // last reads are ordered before the other CTAs' stores into it.
+    if (CL) cluster_arrive_release();
 
     float* Om = reinterpret_cast<float*>(ring);  // [DNW][DROWS][OPITCH]
     float* Mw = Om + DNW * DROWS * OPITCH;       // [DNW][DROWS] running max (log2 units)

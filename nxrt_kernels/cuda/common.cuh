@@ -158,6 +158,9 @@ __device__ __forceinline__ unsigned cluster_mapa(unsigned a, unsigned rank) {
     return r;
 }
 // Cluster barrier halves (every non-exited thread of the cluster arrives, warp-convergent).
+// A relaxed arrive orders none of the thread's earlier memory accesses; use the release
+// arrive when other CTAs will write memory this thread read or wrote once the barrier
+// completes (a ring handed over), or read what it wrote.
 __device__ __forceinline__ void cluster_arrive_relaxed() {
     asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 }

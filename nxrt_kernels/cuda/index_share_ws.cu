@@ -422,7 +422,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     is_cp_async_wait(0);
 #if IS_CLUSTER
     nxrt::cluster_wait();  // the consumers' exchange (every thread of the cluster takes part)
-    nxrt::cluster_arrive_relaxed();
+    nxrt::cluster_arrive_release();  // this thread's ring copies, before the partner's writes
     nxrt::cluster_wait();
 #endif
     return;
@@ -640,7 +640,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       nxrt::cluster_wait();  // phase 1 (the partner's exchange mbarrier is initialised)
       if (ctid == 0)
         ws_mbar_expect_tx(bar_xch(bars), (t.nh > 64 ? 256u : 128u) * (XH + 1) * 16u);
-      nxrt::cluster_arrive_relaxed();  // phase 2: both CTAs' rings are read
+      // Phase 2: both CTAs' rings are read (release: those reads before the partner's writes).
+      nxrt::cluster_arrive_release();
       nxrt::cluster_wait();
       if (active) {
         const unsigned rx = nxrt::cluster_mapa(xbuf, (unsigned)(cl_rank ^ 1));
