@@ -440,11 +440,16 @@ def wg_reason(dims: Dims, dtype: DataType, tc_ok: bool, cc: tuple[int, int] | No
     return None
 
 
+def _dec_ring_bytes(dp: int) -> int:
+    """The decode build's K/V ring (DEC_RING_BYTES): ``stages`` tiles of K and V."""
+    nwarps, stages = DEC_TILES[dp]
+    return stages * 2 * 16 * nwarps * (dp + 8) * 2
+
+
 def dec_smem_bytes(dp: int) -> int:
     """Dynamic shared memory of the decode build ``dp`` (as DEC_SMEM_BYTES in
     attention_fused_tc.cu): the 16-row Q tile plus ``stages`` tiles of K and V."""
-    nwarps, stages = DEC_TILES[dp]
-    return 16 * (dp + 8) * 2 + stages * 2 * 16 * nwarps * (dp + 8) * 2
+    return 16 * (dp + 8) * 2 + _dec_ring_bytes(dp)
 
 
 def dec_cluster_reason(dims: Dims, dp: int, splits: int,
@@ -457,8 +462,9 @@ def dec_cluster_reason(dims: Dims, dp: int, splits: int,
         return f"compute capability {cc} (thread-block clusters need 9.0+)"
     if splits not in DEC_CLUSTERS:
         return f"{splits} splits (cluster builds: {', '.join(map(str, DEC_CLUSTERS))})"
-    nwarps, stages = DEC_TILES[dp]
-    ring = stages * 2 * 16 * nwarps * (dp + 8) * 2
+    nwarps = DEC_TILES[dp][0]
+    ring = _dec_ring_bytes(dp)
+    # DEC_MERGE_FLOATS: per-warp O rows, per-warp (max, sum), split weights
     scratch = nwarps * 16 * (dp + 8) + 2 * nwarps * 16 + 16 * (DEC_MAX_SPLITS + 1)
     rows = dims.group * dims.Sq
     need = (scratch + splits * rows * (dims.D + 2)) * 4
@@ -697,9 +703,9 @@ def _dec_variant(dtype: DataType, dp: int, cluster: int = 0) -> Variant:
     defines: dict[str, object] = {"NXRT_T": CTYPE[dtype], "HEAD_DIM": dp, "BLOCK_N": 16 * nwarps,
                                   "NWARPS": nwarps, "DEC_STAGES": stages}
     if cluster:
-        defines["DEC_CLUSTER"] = cluster
-        return Variant("attention_fused_tc.cu", ("attn_decode",), defines, min_arch=90)
-    return Variant("attention_fused_tc.cu", ("attn_decode",), defines)
+        defines["DEC_CLUSTER"] = cluster  # thread-block clusters: sm_90+
+    return Variant("attention_fused_tc.cu", ("attn_decode",), defines,
+                   min_arch=90 if cluster else 80)
 
 
 def _simt_variant(dtype: DataType) -> Variant:
