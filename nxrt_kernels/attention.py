@@ -33,7 +33,8 @@ Paths
     Single-kernel decode (f16/bf16, tensor-core-readable layout, at most ``DEC_MAX_ROWS`` =
     16 packed query rows G·Sq; ``cuda/attention_fused_tc.cu`` built with ``DEC_STAGES``):
     one 16-row mma block per CTA, every warp on its own 16 keys of each tile with its own
-    online softmax, a ``DEC_TILES`` stages-deep cp.async ring, warps merged in shared memory,
+    online softmax, a ``DEC_TILES`` stages-deep cp.async ring (per warp, all stages in flight,
+    when the grid has at most one CTA per SM; else per CTA), warps merged in shared memory,
     and split-KV merged in-kernel by the last CTA of each row tile (an atomic counter per
     (batch, kv head); fixed split order, so results are bitwise reproducible). One launch per
     call. Masks, softcap, causal and window as ``tc``. ``auto`` takes it for such calls when
@@ -175,7 +176,8 @@ _POS_MAX = 2**31 - 256  # int32 positions and row indices, with room for one til
 DECODE_PATH = "single"
 #: Decode builds: padded head dim -> (warps per CTA, cp.async ring stages). Keys per tile are
 #: 16 per warp; shared memory (dec_smem_bytes) stays under 110 KiB so two CTAs fit an H100/H200
-#: SM, with (stages - 1) tiles (64-128 KiB per SM) in flight.
+#: SM. Tiles in flight per CTA: ``stages`` with the per-warp ring (``Plan.warp_ring``, grids of
+#: at most one CTA per SM), ``stages - 1`` with the CTA ring (two CTAs per SM).
 DEC_TILES: dict[int, tuple[int, int]] = {64: (4, 4), 80: (4, 4), 128: (4, 3), 256: (2, 3)}
 DEC_MAX_ROWS = 16         # packed query rows G·Sq of one CTA (one mma row block)
 DEC_MAX_SPLITS = 64       # as DEC_MAX_SPLITS in attention_fused_tc.cu (weights in shared memory)
@@ -488,16 +490,25 @@ def decode_reason(dims: Dims, dtype: DataType, tc_ok: bool) -> str | None:
     return None
 
 
-def decode_splits(dims: Dims, dp: int, sm_count: int, window: int = -1) -> int:
+def decode_splits(dims: Dims, dp: int, sm_count: int, window: int = -1,
+                  pairs: bool = False) -> int:
     """Key splits of the decode kernel: one wave of ``DEC_CTAS_PER_SM * sm_count`` CTAs over
     the B·Hkv row tiles, at least ``DEC_MIN_TILES`` key tiles per split (of the keys a local
-    window of ``window`` >= 0 leaves visible), at most ``DEC_MAX_SPLITS``."""
+    window of ``window`` >= 0 leaves visible), at most ``DEC_MAX_SPLITS``.
+
+    ``pairs``: the call can merge two splits in a cluster (:func:`dec_cluster_reason`). Then
+    row tiles that fill between half and all of the SMs once over (``sm_count // tasks ==
+    2``, e.g. B 8 x Hkv 8 on 132 SMs) take two splits, one CTA per SM, instead of four at two
+    per SM: measured on the H200 (bf16 D128 B8 H32/8) 13.9 vs 15.1 us per call in a graph at
+    Sk 1k, 22.1 vs 23.4 at 2k, 265.7 vs 267.2 at 32k (NOTES.md, Attention round 7)."""
     nwarps, _ = DEC_TILES[dp]
     tasks = dims.B * dims.Hkv
     keys = dims.Sk if window < 0 else min(dims.Sk, window + dims.Sq + 1)
     n_tiles = -(-keys // (16 * nwarps))
     if tasks == 0 or tasks >= sm_count or n_tiles < 2 * DEC_MIN_TILES:
         return 1
+    if pairs and sm_count // tasks == 2:
+        return 2
     return max(1, min(DEC_CTAS_PER_SM * sm_count // tasks, n_tiles // DEC_MIN_TILES,
                       DEC_MAX_SPLITS))
 
@@ -587,6 +598,7 @@ class Plan:
     ws_ml: int = 0       # offset of the split (m, l) array in the workspace
     ws_cnt: int = 0      # "decode": offset of the split counters in the workspace
     cluster: int = 0     # "decode": CTAs per cluster of the cluster split merge (0: memory)
+    warp_ring: bool = False  # "decode": per-warp K/V ring (grids of <= one CTA per SM)
 
 
 def _tc_layout_ok(meta: TensorMetadata | TensorView) -> bool:
@@ -650,19 +662,24 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
         dp = tc_head_dim(D)
         assert dp is not None  # decode_reason checked it
         w = attrs.local_window_size
+        pairs = dec_merge != "last" and dec_cluster_reason(dims, dp, 2, cc) is None
         splits = (min(max(1, int(num_splits)), DEC_MAX_SPLITS) if num_splits is not None
-                  else decode_splits(dims, dp, sm_count, -1 if w < 0 or w >= dims.Sk else w))
+                  else decode_splits(dims, dp, sm_count, -1 if w < 0 or w >= dims.Sk else w,
+                                     pairs))
+        # One CTA per SM or fewer: the per-warp ring (all stages in flight); two per SM: the
+        # CTA ring (measured, see the kernel's header).
+        wring = dims.B * dims.Hkv * splits <= sm_count
         if dec_merge != "last" and splits > 1:
             why = dec_cluster_reason(dims, dp, splits, cc)
             if why is None:
-                return Plan("decode", dp, splits, 0, cluster=splits)
+                return Plan("decode", dp, splits, 0, cluster=splits, warp_ring=wring)
             if dec_merge == "cluster":
                 raise KernelError(f"{OP}: dec_merge='cluster' cannot run this call: {why}")
         elif dec_merge == "cluster":
             raise KernelError(f"{OP}: dec_merge='cluster' cannot run this call: one split "
                               "(nothing to merge)")
         ml, cnt, total = decode_layout(dims.B * dims.H * dims.Sq, D, splits, dims.B * dims.Hkv)
-        return Plan("decode", dp, splits, total, ml, cnt)
+        return Plan("decode", dp, splits, total, ml, cnt, warp_ring=wring)
     dp = tc_head_dim(D) if dtype != DataType.FLOAT and path != "simt" and tc_ok else None
     if dp is not None:
         nwarps, bn = TC_TILES[dp]
@@ -941,7 +958,9 @@ class AttentionKernel:
             return
         if p.workspace and workspace is None and p.path != "unfused":
             # Without the executor's partials buffer, run the fused path unsplit.
-            p = Plan(p.path, p.dp, 1, 0, 0)
+            p = Plan(p.path, p.dp, 1, 0, 0,
+                     warp_ring=p.path == "decode"
+                     and dims.B * dims.Hkv <= int(self.rt.capabilities.sm_count))
         if p.workspace:
             if workspace is None:
                 if self.rt.is_capturing():
@@ -1101,7 +1120,7 @@ class AttentionKernel:
                 split_ml, i32(dims.B), i32(dims.H), i32(dims.Hkv), i32(dims.Sq), i32(dims.Sk),
                 i32(dims.D), *strides, i32(dims.mask_planes), i32(int(self.attrs.causal)),
                 i32(self._window(dims)), f32(self._scale(dims)), f32(self.attrs.softcap),
-                i32(1), i32(splits), cnt]
+                i32(1), i32(splits), cnt, i32(int(p.warp_ring))]
         self.rt.launch(self._fn(_dec_variant(dtype, p.dp, p.cluster), "attn_decode"),
                        (tasks, splits, 1),
                        (32 * nwarps, 1, 1), args, shared_mem=dec_smem_bytes(p.dp))

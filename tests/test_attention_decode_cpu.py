@@ -110,6 +110,34 @@ def test_decode_splits():
         assert dims.B * dims.Hkv * s <= attention.DEC_CTAS_PER_SM * 132
 
 
+def test_decode_splits_pairs():
+    """With a cluster merge available, row tiles that fill half to all of the SMs once over
+    take two splits (one CTA per SM); other counts keep the two-CTAs-per-SM rule."""
+    for B, Hkv in ((8, 8), (6, 8), (4, 16), (66, 1), (45, 1)):
+        dims = Dims(B, 4 * Hkv, Hkv, 1, 1024, 128, 0)
+        assert decode_splits(dims, 128, 132, pairs=True) == 2, (B, Hkv)
+    assert decode_splits(Dims(8, 32, 8, 1, 1024, 128, 0), 128, 132) == 4  # no pairs: 4
+    assert decode_splits(Dims(44, 4, 1, 1, 1024, 128, 0), 128, 132, pairs=True) == 6  # 132 // 44
+    assert decode_splits(Dims(4, 32, 8, 1, 1024, 128, 0), 128, 132, pairs=True) == 8
+    assert decode_splits(Dims(16, 32, 8, 1, 1024, 128, 0), 128, 132, pairs=True) == 2
+    assert decode_splits(Dims(8, 32, 8, 1, 190, 128, 0), 128, 132, pairs=True) == 1  # 3 tiles
+    a = attrs()
+    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, path="decode", cc=(9, 0))
+    assert (p.splits, p.cluster, p.workspace, p.warp_ring) == (2, 2, 0, True)
+    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, path="decode", cc=(9, 0),
+             dec_merge="last")
+    assert (p.splits, p.cluster, p.warp_ring) == (4, 0, False)
+    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, path="decode", cc=(8, 0))
+    assert (p.splits, p.cluster, p.warp_ring) == (4, 0, False)
+    # the ring follows the grid: at most one CTA per SM
+    assert plan(a, Dims(16, 32, 8, 1, 1024, 128, 0), BF16, 132, path="decode",
+                cc=(9, 0)).warp_ring is False  # 256 CTAs
+    assert plan(a, Dims(8, 32, 8, 1, 4097, 128, 0), BF16, 132, path="decode",
+                num_splits=2).warp_ring is True  # 128 CTAs, memory merge
+    assert plan(a, Dims(8, 32, 8, 1, 4097, 128, 0), BF16, 132, path="decode",
+                num_splits=3).warp_ring is False  # 192 CTAs
+
+
 def test_num_splits_forced_and_clamped():
     a = attrs()
     d = Dims(1, 32, 8, 1, 4097, 128, 0)
@@ -147,10 +175,12 @@ def test_cluster_merge_plan():
             plan(a, d, BF16, 132, path="decode", cc=cc, dec_merge="cluster")
     q = plan(a, d, BF16, 132, path="decode", cc=H100, dec_merge="last")
     assert q.cluster == 0 and q.workspace == decode_layout(512, 128, 2, 128)[2]
-    # the bench rows (B 8: 4 splits) and B 4 (8 splits) merge through memory
-    for B, s in ((8, 4), (4, 8)):
-        q = plan(a, Dims(B, 32, 8, 1, 8192, 128, 0), BF16, 132, cc=H100)
-        assert (q.splits, q.cluster) == (s, 0) and q.workspace > 0
+    # the bench rows (B 8) take pairs (test_decode_splits_pairs); B 4 (8 splits) merges
+    # through memory
+    q = plan(a, Dims(8, 32, 8, 1, 8192, 128, 0), BF16, 132, cc=H100)
+    assert (q.splits, q.cluster, q.workspace) == (2, 2, 0)
+    q = plan(a, Dims(4, 32, 8, 1, 8192, 128, 0), BF16, 132, cc=H100)
+    assert (q.splits, q.cluster) == (8, 0) and q.workspace > 0
     # the cluster sizes; other split counts merge through memory (forced: refused)
     for splits in range(1, 12):
         q = plan(a, d, BF16, 132, path="decode", cc=H100, num_splits=splits)
@@ -346,13 +376,14 @@ def test_one_launch_and_counter_pool(ptx):
     assert grid == (64, 4, 1) and block == (128, 1, 1) and smem == dec_smem_bytes(128)
     p = k.last_plan
     assert args[5] == ws.ptr and args[6] == ws.ptr + p.ws_ml
-    pool = args[-1]
+    pool = args[-2]
+    assert int(args[-1]) == 0  # 256 CTAs, two per SM: the CTA ring
     assert pool in rt.live and rt.memsets == [(pool, 0, 4096)]  # zeroed once
     k.execute(ins, [out], ws)
-    assert rt.launches[1][4][-1] == pool and len(rt.memsets) == 1  # no memset on replays
+    assert rt.launches[1][4][-2] == pool and len(rt.memsets) == 1  # no memset on replays
     rt.capturing = True
     k.execute(ins, [out], ws)
-    assert rt.launches[2][4][-1] == pool and len(rt.memsets) == 1
+    assert rt.launches[2][4][-2] == pool and len(rt.memsets) == 1
     rt.capturing = False
     k.close()
     assert not rt.live
@@ -372,7 +403,8 @@ def test_cluster_merge_launch(ptx):
     for name, grid, block, smem, args in rt.launches:
         assert (name, grid, block, smem) == ("attn_decode", (128, 2, 1), (128, 1, 1),
                                              dec_smem_bytes(128))
-        assert args[5] == 0 and args[6] == 0 and args[-1] == 0 and int(args[-2]) == 2
+        assert args[5] == 0 and args[6] == 0 and args[-2] == 0 and int(args[-3]) == 2
+        assert int(args[-1]) == 0  # 256 CTAs: the CTA ring
     assert any("-DDEC_CLUSTER=2" in o for o in rt.options[0])
     assert k.last_plan.cluster == 2 and not rt.memsets and not rt.live
     assert not k._cnt_pool.ptr
@@ -382,8 +414,29 @@ def test_cluster_merge_launch(ptx):
     req = m.workspace_requirement([t.meta for t in ins])
     m.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
     assert not any(o.startswith("-DDEC_CLUSTER") for o in rt.options[-1])
-    assert rt.launches[-1][4][-1] != 0 and m.last_plan.cluster == 0
+    assert rt.launches[-1][4][-2] != 0 and m.last_plan.cluster == 0
     m.close()
+
+
+def test_pairs_launch_warp_ring(ptx):
+    """B 8 x Hkv 8 on compute capability 9.0: two splits in cluster pairs, 128 CTAs, the
+    per-warp ring; the memory merge of the same call keeps four splits and the CTA ring."""
+    rt = FakeRt(ptx, cc=(9, 0))
+    k = AttentionKernel(rt, node(), path="decode")
+    ins, out = _views(B=8, Sk=1024)
+    assert k.workspace_requirement([t.meta for t in ins]).nbytes == 0
+    k.execute(ins, [out], None)
+    name, grid, _, _, args = rt.launches[-1]
+    assert grid == (64, 2, 1) and args[-2] == 0 and int(args[-3]) == 2 and int(args[-1]) == 1
+    assert any("-DDEC_CLUSTER=2" in o for o in rt.options[-1])
+    m = AttentionKernel(rt, node(), path="decode", dec_merge="last")
+    req = m.workspace_requirement([t.meta for t in ins])
+    m.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
+    _, grid, _, _, args = rt.launches[-1]
+    assert grid == (64, 4, 1) and int(args[-1]) == 0
+    m.close()
+    k.close()
+    assert not rt.live
 
 
 def test_capture_without_pool_uses_workspace_counters(ptx):
@@ -395,7 +448,7 @@ def test_capture_without_pool_uses_workspace_counters(ptx):
     k.execute(ins, [out], ws)
     p = k.last_plan
     cnt = ws.ptr + p.ws_cnt
-    assert rt.memsets == [(cnt, 0, 4 * 64)] and rt.launches[0][4][-1] == cnt
+    assert rt.memsets == [(cnt, 0, 4 * 64)] and rt.launches[0][4][-2] == cnt
     assert p.ws_cnt + 4 * 64 <= req.nbytes and not rt.live
     # the workspace mode on request (eager too)
     rt.capturing = False
@@ -410,7 +463,8 @@ def test_without_workspace_runs_unsplit(ptx):
     ins, out = _views(Sk=4097)
     k.execute(ins, [out], None)
     _, grid, _, _, args = rt.launches[0]
-    assert grid == (64, 1, 1) and args[-1] == 0 and args[5] == 0 and not rt.memsets
+    assert grid == (64, 1, 1) and args[-2] == 0 and args[5] == 0 and not rt.memsets
+    assert int(args[-1]) == 1  # 64 CTAs, at most one per SM: the warp ring
     assert not rt.live
 
 
@@ -440,7 +494,7 @@ def test_auto_with_flag(ptx, single):
     k.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
     assert [x[0] for x in rt.launches] == ["attn_decode"]
     args = rt.launches[0][4]
-    assert args[3] == 0x50000 and int(args[-8]) == 8  # mask pointer, mask planes
-    assert int(args[-7]) == 1 and int(args[-6]) == 3000  # causal, window
-    assert float(args[-4]) == 5.0 and int(args[-3]) == 1  # softcap, row tiles
+    assert args[3] == 0x50000 and int(args[-9]) == 8  # mask pointer, mask planes
+    assert int(args[-8]) == 1 and int(args[-7]) == 3000  # causal, window
+    assert float(args[-5]) == 5.0 and int(args[-4]) == 1  # softcap, row tiles
     k.close()

@@ -3,6 +3,8 @@ reference, forced splits, masks/softcap/window, determinism, capture and replay.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -145,6 +147,40 @@ def test_cluster_merge_equals_memory_merge(rt, ledger, rng, case):
             assert np.array_equal(got.view(np.uint16), cl.run().view(np.uint16))
 
 
+# Ring schedules: fewer tiles than ring stages, empty splits, one split, causal rows, windows,
+# softcap, masks, D 64 / 72 / 128 / 256, the memory and the cluster merge.
+RING_CASES = [
+    (BF16, 8, 32, 8, 1, 1024, 128, None, {}, 0),
+    (F16, 1, 8, 2, 1, 100, 128, 5, {}, 0),
+    (BF16, 2, 8, 2, 1, 70, 64, 1, {}, 0),
+    (F16, 1, 4, 1, 4, 1000, 128, 3, {"causal": 1, "softcap": 5.0}, 0),
+    (BF16, 1, 2, 2, 3, 300, 72, 2, {"causal": 1, "local_window_size": 40}, 0),
+    (F16, 1, 4, 2, 1, 2000, 256, 7, {}, 0),
+    (BF16, 2, 4, 1, 1, 1000, 128, 3, {"scale": 0.05}, 2),
+]
+
+
+@pytest.mark.parametrize("case", RING_CASES, ids=_ids)
+def test_warp_ring_equals_cta_ring(rt, ledger, rng, case, monkeypatch):
+    """The two K/V ring schedules (per warp, chosen for at most one CTA per SM; per CTA) read
+    the same keys into the same mma order: the same bits, either way round."""
+    dtype, B, H, Hkv, Sq, Sk, D, splits, attrs, planes = case
+    node = make_node(H, Hkv, _mask=bool(planes), **attrs)
+    host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes)
+    with Buffers(rt) as bufs:
+        base = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits), host)
+        flip = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits), host)
+        orig = flip.kernel._plan
+        monkeypatch.setattr(flip.kernel, "_plan", lambda *a: dataclasses.replace(
+            orig(*a), warp_ring=not orig(*a).warp_ring))
+        want = base.run()
+        check(node, host, want, dtype)
+        got = flip.run()
+        assert flip.kernel.last_plan.warp_ring != base.kernel.last_plan.warp_ring
+        assert flip.kernel.last_plan.splits == base.kernel.last_plan.splits
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
 def test_fully_masked_row_and_no_keys(rt, ledger, rng):
     with Buffers(rt) as bufs:
         node = make_node(4, 2, _mask=True)
@@ -266,5 +302,10 @@ def test_auto_uses_decode_with_flag(rt, ledger, rng, monkeypatch):
     with Buffers(rt) as bufs:
         kernel = bufs.kernel(node)
         got = Call(rt, bufs, kernel, host).run()
-        assert kernel.last_plan.path == "decode" and kernel.last_plan.splits == 4
+        p = kernel.last_plan
+        assert p.path == "decode"
+        # B 8 x Hkv 8 on 132 SMs: cluster pairs on compute capability 9.0, else 4 splits
+        caps = rt.capabilities
+        pairs = tuple(caps.compute_capability) >= (9, 0) and caps.sm_count // 64 == 2
+        assert (p.splits, p.cluster) == ((2, 2) if pairs else (p.splits, 0))
         check(node, host, got, F16)

@@ -342,7 +342,13 @@ attn_fused_tc(NXRT_ATTN_FUSED_PARAMS(T)) {
 //   * Each tile has 16*NWARPS keys; warp w owns keys [16w, 16w+16) of every tile and keeps its
 //     own online softmax (max, sum, O in mma accumulators), so every warp loads and computes.
 //   * K and V tiles stream through a DEC_STAGES-deep ring of 16-byte cp.async (zero-fill past
-//     Sk and D): DEC_STAGES-1 tiles are in flight while one is computed; one barrier per tile.
+//     Sk and D), in one of two schedules (the host's `warp_ring` argument):
+//       - warp ring (warp_ring = 1, chosen for grids of at most one CTA per SM): each warp
+//         copies only its own 16 keys of each stage, waits on its own copies and refills the
+//         stage it just read, with no CTA barrier per tile: all DEC_STAGES tiles in flight;
+//       - CTA ring (warp_ring = 0, two CTAs per SM): every thread copies a share of every
+//         row, DEC_STAGES-1 tiles in flight while one is computed, one CTA barrier per tile
+//         (the four warps' reads stay within one tile: measured 1-3 % faster at long Sk).
 //   * End: the warps' states merge through shared memory (the ring, now idle) in fixed warp
 //     order. splits == 1: normalised output. splits > 1: the CTA writes its f32 partial
 //     (unnormalised O, max in log2 units, sum) to ws_o / ws_ml (the layout attn_combine
@@ -379,12 +385,17 @@ static_assert(DEC_MERGE_FLOATS % 4 == 0, "the cluster receive area must be 16-by
 
 static_assert(BLOCK_N == DBN, "the decode build needs BLOCK_N == 16 * NWARPS");
 static_assert(STAGES >= 2 && STAGES <= 8, "DEC_STAGES must be in [2, 8]");
-static_assert(DBN * CHUNKS % DNT == 0, "every thread issues the same number of copies");
+static_assert(DBN * CHUNKS % DNT == 0 && 16 * CHUNKS % 32 == 0,
+              "every thread issues the same number of copies");
 static_assert(DEC_Q_BYTES % 16 == 0, "the ring must start 16-byte aligned");
 static_assert(DEC_MERGE_FLOATS * 4 <= DEC_RING_BYTES, "the merge scratch must fit in the ring");
 static_assert(2 * DROWS * WPITCH <= DNW * DROWS * OPITCH, "the staged (max, sum) fit the warps' O");
 
 // cp.async of tile keys [j0, j0 + DBN) of K and V into one ring stage (K rows, then V rows).
+// WR (warp ring): warp `warp` copies only its own 16 keys (rows 16 warp .. 16 warp + 15 of the
+// stage), the rows it alone reads, so the ring needs no CTA barrier, only the warp's own.
+// Otherwise every thread copies a share of every row (a CTA barrier before the reads).
+template <bool WR>
 __device__ __forceinline__ void dec_load_tile(T* dst, const T* __restrict__ kbase,
                                               const T* __restrict__ vbase, long long k_ss,
                                               long long v_ss, int j0, int Sk, int D, int tid) {
@@ -392,9 +403,10 @@ __device__ __forceinline__ void dec_load_tile(T* dst, const T* __restrict__ kbas
     T* vd = dst + DBN * PITCH;
 #pragma unroll
     for (int it = 0; it < DEC_LOADS; ++it) {
-        const int id = tid + it * DNT;
-        const int rr = id / CHUNKS;
-        const int c = id - rr * CHUNKS;
+        const int id = WR ? (tid & 31) + it * 32 : tid + it * DNT;
+        const int rr0 = id / CHUNKS;
+        const int c = id - rr0 * CHUNKS;
+        const int rr = WR ? (tid >> 5) * 16 + rr0 : rr0;
         const int j = j0 + rr;
         const bool ok = j < Sk && c * 8 < D;
         const T* ks = ok ? kbase + (long long)j * k_ss + c * 8 : kbase;
@@ -421,6 +433,10 @@ template <bool SHARED> __device__ __forceinline__ float4 dec_ld4(const float* p)
     return SHARED ? *reinterpret_cast<const float4*>(p) : __ldcg(reinterpret_cast<const float4*>(p));
 }
 
+#ifndef DEC_FAST_SPLITS
+#define DEC_FAST_SPLITS 8  // dec_merge_splits' one-round path: at most this many splits
+#endif
+
 // The last step of the split merge: every split's partial of each of the R rows (unnormalised
 // O, max in log2 units, sum) in fixed split order, normalised into the output. Partial s of
 // row r: O at po + o_row(r) * D + s * o_split, (max, sum) at pml + 2 * o_row(r) + s * ml_split,
@@ -433,6 +449,45 @@ __device__ __forceinline__ void dec_merge_splits(const float* po, const float* p
                                                  T* __restrict__ out, int R, int D, int splits,
                                                  int tid) {
     const int D4 = D >> 2;
+    if (R * D4 <= DNT && splits <= DEC_FAST_SPLITS) {
+        // One (row, 4 columns) per thread and few splits (the usual GQA decode): every load of
+        // the merge in one round into registers, no barrier. The same arithmetic in the same
+        // order as below, so the same bits.
+        if (tid >= R * D4) return;
+        const int r = tid / D4;
+        const int c = (tid - r * D4) * 4;
+        const long long orow = SHARED ? (long long)r : s_orow[r];
+        float ms[DEC_FAST_SPLITS], ls[DEC_FAST_SPLITS];
+        float4 ov[DEC_FAST_SPLITS];
+#pragma unroll
+        for (int s = 0; s < DEC_FAST_SPLITS; ++s) {
+            if (s < splits) {
+                ms[s] = dec_ld<SHARED>(pml + 2 * orow + s * ml_split);
+                ls[s] = dec_ld<SHARED>(pml + 2 * orow + s * ml_split + 1);
+                ov[s] = dec_ld4<SHARED>(po + orow * D + c + s * o_split);
+            }
+        }
+        float M = neg_inf();
+#pragma unroll
+        for (int s = 0; s < DEC_FAST_SPLITS; ++s)
+            if (s < splits) M = fmaxf(M, ms[s]);
+        float L = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int s = 0; s < DEC_FAST_SPLITS; ++s) {
+            if (s >= splits || ms[s] == neg_inf()) continue;
+            const float a = exp2f(ms[s] - M);
+            L += a * ls[s];
+            if (a == 0.f) continue;
+            acc.x += a * ov[s].x;
+            acc.y += a * ov[s].y;
+            acc.z += a * ov[s].z;
+            acc.w += a * ov[s].w;
+        }
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        dec_store4(out + s_ooff[r] + c, acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        return;
+    }
     // Every (max, sum) pair in one round of independent loads, staged as Ms [R][WPITCH] and
     // Ls (the same arithmetic below reads them from shared memory).
     float* Ls = Ms + DROWS * WPITCH;
@@ -486,7 +541,7 @@ extern "C" __global__ void __launch_bounds__(DNT, 2)
 #if DEC_CLUSTER
 __cluster_dims__(1, DEC_CLUSTER, 1)
 #endif
-attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
+attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters, int warp_ring) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     __shared__ long long s_orow[DROWS];  // output row (b*H + h)*Sq + i of each packed row
     __shared__ long long s_ooff[DROWS];  // its element offset in the output
@@ -535,9 +590,12 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
     float l_run[2] = {0.f, 0.f};
 
     const int n_t = w.t_end - w.t_beg;  // tiles of this split (<= 0: none)
-    if (n_t > 0) {
-        // Prologue: group 0 = Q + tile 0, then tiles 1 .. STAGES-2 (empty groups past the end
-        // keep the group count uniform).
+    // The key loop, inlined once per ring schedule with `wr` a constant (one loop's
+    // registers, not both).
+    auto key_loop = [&](const bool wr) {
+        const int inflight = wr ? STAGES : STAGES - 1;  // tiles in flight (see the header)
+        // Prologue: group 0 = Q + tile 0, then tiles 1 .. inflight-1 (empty groups past the
+        // end keep the group count uniform).
         for (int id = tid; id < DROWS * CHUNKS; id += DNT) {
             const int rr = id / CHUNKS;
             const int c = id - rr * CHUNKS;
@@ -551,10 +609,13 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
             cp_async_16(Qs + rr * PITCH + c * 8, src, ok ? 16 : 0);
         }
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s) {
-            if (s < n_t)
-                dec_load_tile(ring + s * DEC_STAGE_ELEMS, kbase, vbase, k_ss, v_ss,
-                              (w.t_beg + s) * DBN, Sk, D, tid);
+        for (int s = 0; s < inflight; ++s) {
+            if (s < n_t && wr)
+                dec_load_tile<true>(ring + s * DEC_STAGE_ELEMS, kbase, vbase, k_ss, v_ss,
+                                    (w.t_beg + s) * DBN, Sk, D, tid);
+            else if (s < n_t)
+                dec_load_tile<false>(ring + s * DEC_STAGE_ELEMS, kbase, vbase, k_ss, v_ss,
+                                     (w.t_beg + s) * DBN, Sk, D, tid);
             cp_async_commit();
         }
 
@@ -562,14 +623,25 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
         const T* q_ld = Qs + ((lane & 7) + ((lane >> 3) & 1) * 8) * PITCH + (lane >> 4) * 8;
 
         for (int i = 0; i < n_t; ++i) {
-            // Tile i landed (groups 0..i complete; STAGES-2 newer ones may be pending), and
-            // after the barrier every warp has finished tile i-1, whose stage is refilled next.
-            cp_async_wait<STAGES - 2>();
-            __syncthreads();
-            if (i + STAGES - 1 < n_t)
-                dec_load_tile(ring + ((i + STAGES - 1) % STAGES) * DEC_STAGE_ELEMS, kbase,
-                              vbase, k_ss, v_ss, (w.t_beg + i + STAGES - 1) * DBN, Sk, D, tid);
-            cp_async_commit();
+            // Tile i landed (groups 0..i complete; inflight-1 newer ones may be pending).
+            if (wr) {
+                cp_async_wait<STAGES - 1>();
+                // The warp's own rows: its barrier orders its lanes' copies before their
+                // reads. Q (every thread copied a share) needs the CTA's, once.
+                if (i == 0)
+                    __syncthreads();
+                else
+                    __syncwarp();
+            } else {
+                cp_async_wait<STAGES - 2>();
+                // After the barrier every warp has finished tile i-1, whose stage is refilled.
+                __syncthreads();
+                if (i + STAGES - 1 < n_t)
+                    dec_load_tile<false>(ring + ((i + STAGES - 1) % STAGES) * DEC_STAGE_ELEMS,
+                                         kbase, vbase, k_ss, v_ss,
+                                         (w.t_beg + i + STAGES - 1) * DBN, Sk, D, tid);
+                cp_async_commit();
+            }
 
             if (Q_IN_REGS && i == 0) {
 #pragma unroll
@@ -650,8 +722,22 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters) {
                 mma_16816<T>(o[2 * dp], pa, vf[0], vf[1]);
                 mma_16816<T>(o[2 * dp + 1], pa, vf[2], vf[3]);
             }
+            if (wr) {
+                // Every lane's reads of its stage are done: the warp refills it, tile i+STAGES.
+                __syncwarp();
+                if (i + STAGES < n_t)
+                    dec_load_tile<true>(ring + (i % STAGES) * DEC_STAGE_ELEMS, kbase, vbase,
+                                        k_ss, v_ss, (w.t_beg + i + STAGES) * DBN, Sk, D, tid);
+                cp_async_commit();
+            }
         }
         cp_async_wait<0>();  // only empty groups remain; nothing may still write the ring
+    };
+    if (n_t > 0) {
+        if (warp_ring)
+            key_loop(true);
+        else
+            key_loop(false);
     }
     __syncthreads();  // every warp is done with the ring: it becomes the merge scratch
     // ... and, once all have arrived, rank 0's receive area: a release arrive, so the ring's
