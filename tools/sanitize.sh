@@ -95,9 +95,10 @@ or test_eager_rejects_bad_rows or test_capture_replay_and_poisoned_indices"
 # racecheck is the slowest (every shared-memory access is tracked): fewer cases.
 DEC_K="(test_cluster_merge_equals_memory_merge and (B16H32 or k60D128 or q4k1000 or q3k300 \
 or k2000D256 or m2-local)) or (test_capture_replay_with_new_inputs and (cluster or pool)) \
-or (test_vs_reference and (s7 or s5 or q2k1000D64))"
+or (test_vs_reference and (s7 or s5 or q2k1000D64)) \
+or (test_warp_ring_equals_cta_ring and (B8H32 or k100D128 or k2000D256))"
 DEC_K_RACE="(test_cluster_merge_equals_memory_merge and (B16H32 or k60D128 or q4k1000)) \
-or (test_vs_reference and s5)"
+or (test_vs_reference and s5) or (test_warp_ring_equals_cta_ring and (B8H32 or k100D128))"
 ATTN_K_RACE="(test_vs_reference and (q17k128D64 or q1k17D80)) or test_simt_fallback \
 or (test_split_kv and fused-4) or (test_wg_persistent and q128k1000D128)"
 PAGED_K_RACE="test_mla_32_key_tiles or (test_simple_odd_head and bf16) or test_slot_minus_one"
