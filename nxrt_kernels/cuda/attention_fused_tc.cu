@@ -433,6 +433,15 @@ template <bool SHARED> __device__ __forceinline__ float4 dec_ld4(const float* p)
     return SHARED ? *reinterpret_cast<const float4*>(p) : __ldcg(reinterpret_cast<const float4*>(p));
 }
 
+// The per-warp ring's barrier: named barrier 1 + warp over the warp's 32 threads. It orders
+// the lanes' cp.async writes (each after its own wait_group) before the other lanes' reads,
+// and the reads before the refill. __syncwarp orders them too, but compute-sanitizer's
+// racecheck does not take it as ordering cp.async writes: on the H200 it reported those writes
+// racing with the cluster merge's later stores into the same ring; with bar.sync it is clean.
+__device__ __forceinline__ void dec_warp_bar(int warp) {
+    asm volatile("bar.sync %0, 32;\n" ::"r"(1 + warp) : "memory");
+}
+
 #ifndef DEC_FAST_SPLITS
 #define DEC_FAST_SPLITS 8  // dec_merge_splits' one-round path: at most this many splits
 #endif
@@ -627,11 +636,11 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters, int warp
             if (wr) {
                 cp_async_wait<STAGES - 1>();
                 // The warp's own rows: its barrier orders its lanes' copies before their
-                // reads. Q (every thread copied a share) needs the CTA's, once.
+                // reads (dec_warp_bar). Q (every thread copied a share) needs the CTA's, once.
                 if (i == 0)
                     __syncthreads();
                 else
-                    __syncwarp();
+                    dec_warp_bar(warp);
             } else {
                 cp_async_wait<STAGES - 2>();
                 // After the barrier every warp has finished tile i-1, whose stage is refilled.
@@ -724,7 +733,7 @@ attn_decode(NXRT_ATTN_FUSED_PARAMS(T), unsigned* __restrict__ counters, int warp
             }
             if (wr) {
                 // Every lane's reads of its stage are done: the warp refills it, tile i+STAGES.
-                __syncwarp();
+                dec_warp_bar(warp);
                 if (i + STAGES < n_t)
                     dec_load_tile<true>(ring + (i % STAGES) * DEC_STAGE_ELEMS, kbase, vbase,
                                         k_ss, v_ss, (w.t_beg + i + STAGES) * DBN, Sk, D, tid);
