@@ -2,7 +2,8 @@
 """Attention decode routes on the GPU: ``python tools/sweep_attention_decode.py [--out FILE]``.
 
 Compares the decode routes on bf16, D 128, H 32 / Hkv 8, Sq 1 (the bench rows are B 8 at Sk
-1k / 8k / 32k; B 4 and B 16 give the decode kernel 8 and 2 splits):
+1k / 8k / 32k; with the memory merge B 8, B 4 and B 16 give the decode kernel 4, 8 and 2
+splits):
 
 * ``tc``: the mma.sync kernel ``tc`` + split-KV + the ``attn_combine`` launch
   (``path="fused"``);
@@ -11,7 +12,8 @@ Compares the decode routes on bf16, D 128, H 32 / Hkv 8, Sq 1 (the bench rows ar
 * ``last-ws``: the same with the counters in the workspace (a memset per call);
 * ``cluster``: the single-kernel decode with the split CTAs of a row tile in one thread-block
   cluster merging through distributed shared memory (``dec_merge="auto"``: on compute
-  capability 9.0 with 2 splits, the B 16 rows; otherwise the same plan as ``last``).
+  capability 9.0 with 2 splits, the B 16 rows, and the B 8 rows, which ``decode_splits``
+  runs as pairs at one CTA per SM; otherwise, B 4, the same plan as ``last``).
 
 First correctness: small odd cases of the decode kernel vs float64 (f16/bf16, GQA/MHA,
 forced splits), and a few rows of every timed case vs float64 for every route; ``cluster``
