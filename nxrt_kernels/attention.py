@@ -513,6 +513,13 @@ def decode_splits(dims: Dims, dp: int, sm_count: int, window: int = -1,
                       DEC_MAX_SPLITS))
 
 
+def _dec_warp_ring(dims: Dims, splits: int, sm_count: int) -> bool:
+    """The decode ring schedule (``Plan.warp_ring``): the per-warp ring (all stages in flight)
+    for grids of at most one CTA per SM, the CTA ring for two per SM (measured, see the
+    kernel's header)."""
+    return dims.B * dims.Hkv * splits <= sm_count
+
+
 def decode_layout(rows: int, D: int, splits: int, tasks: int) -> tuple[int, int, int]:
     """Decode workspace: (offset of f32 (m, l), offset of the u32 split counters [tasks],
     total bytes). The partials are :func:`split_layout`'s (so a ``simt`` fallback can use
@@ -666,9 +673,7 @@ def plan(attrs: Attrs, dims: Dims, dtype: DataType, sm_count: int, *, path: str 
         splits = (min(max(1, int(num_splits)), DEC_MAX_SPLITS) if num_splits is not None
                   else decode_splits(dims, dp, sm_count, -1 if w < 0 or w >= dims.Sk else w,
                                      pairs))
-        # One CTA per SM or fewer: the per-warp ring (all stages in flight); two per SM: the
-        # CTA ring (measured, see the kernel's header).
-        wring = dims.B * dims.Hkv * splits <= sm_count
+        wring = _dec_warp_ring(dims, splits, sm_count)
         if dec_merge != "last" and splits > 1:
             why = dec_cluster_reason(dims, dp, splits, cc)
             if why is None:
@@ -958,9 +963,8 @@ class AttentionKernel:
             return
         if p.workspace and workspace is None and p.path != "unfused":
             # Without the executor's partials buffer, run the fused path unsplit.
-            p = Plan(p.path, p.dp, 1, 0, 0,
-                     warp_ring=p.path == "decode"
-                     and dims.B * dims.Hkv <= int(self.rt.capabilities.sm_count))
+            p = Plan(p.path, p.dp, 1, 0, 0, warp_ring=p.path == "decode" and _dec_warp_ring(
+                dims, 1, int(self.rt.capabilities.sm_count)))
         if p.workspace:
             if workspace is None:
                 if self.rt.is_capturing():
