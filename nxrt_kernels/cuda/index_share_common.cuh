@@ -268,6 +268,15 @@ __device__ __forceinline__ void is_write_out(is_t* y, float* part_o, float* part
   }
 }
 
+// The normalisation of every split merge (is_finish_element, is_finish_if_last_v4, the ws
+// build's cluster merge): O times the row's reciprocal 1 / L, so one IEEE division per row
+// and not per element (a chain of divisions was ~1 us of the cluster merge's tail); a row
+// that saw no key (L = 0) gives zeros. One split divides (is_store(O / L)): its own bits.
+__device__ __forceinline__ float is_recip(float L) { return L > 0.f ? 1.f / L : 0.f; }
+__device__ __forceinline__ float is_norm(float O, float L, float inv) {
+  return L > 0.f ? O * inv : 0.f;
+}
+
 // Merge the S split partials of one output element in split order and store it. Shared by
 // the in-kernel finish and is_combine, so both give the same bits.
 __device__ __forceinline__ void is_finish_element(const float* part_o, const float* part_ml,
@@ -276,7 +285,7 @@ __device__ __forceinline__ void is_finish_element(const float* part_o, const flo
   float M, L, O;
   is_merge_parts<true>(part_ml + prow0 * 2, part_ml + prow0 * 2 + 1, part_o + prow0 * H + d, S, 2,
                        H, &M, &L, &O);
-  is_store(y + y_off, L > 0.f ? O / L : 0.f);
+  is_store(y + y_off, is_norm(O, L, is_recip(L)));
 }
 
 // Split-K arrival: every thread's partial stores are made device-wide visible, then one

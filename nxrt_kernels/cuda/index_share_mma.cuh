@@ -149,11 +149,11 @@ __device__ __forceinline__ void is_finish_if_last_v4_by(unsigned* counters, long
       const int c = base + u * kThreads + tid;
       if (c < total) {
         const int r = c / C4, d4 = c - r * C4;
-        const float L = s_w[r * (S + 1) + S];
-        // Divide, then round each value: the same bits as is_store(O / L).
+        const float L = s_w[r * (S + 1) + S], inv = is_recip(L);
+        // Normalise, then round each value: the same bits as is_finish_element.
         uint2 packed;
-        packed.x = is_pack2(L > 0.f ? acc[u].x / L : 0.f, L > 0.f ? acc[u].y / L : 0.f);
-        packed.y = is_pack2(L > 0.f ? acc[u].z / L : 0.f, L > 0.f ? acc[u].w / L : 0.f);
+        packed.x = is_pack2(is_norm(acc[u].x, L, inv), is_norm(acc[u].y, L, inv));
+        packed.y = is_pack2(is_norm(acc[u].z, L, inv), is_norm(acc[u].w, L, inv));
         *reinterpret_cast<uint2*>(y + ((b * N + h0 + r) * (long long)Sq + qi) * kHD + 4 * d4) =
             packed;
       }

@@ -41,11 +41,13 @@
 //
 // IS_CLUSTER (decode: one item per CTA, two splits per task): clusters of two CTAs, rank =
 // split, merge through distributed shared memory instead of global partials and an
-// arrival counter. Each CTA sends the partner the half of its unnormalised O (and its row
-// m, l) that the partner finishes, by st.async into the partner's K/V rings (free once a
-// cluster barrier says both loops are done) completing bytes on the partner's exchange
-// mbarrier, then finishes its own half of the head size with the arithmetic of
-// is_finish_if_last_v4 (the same bits).
+// arrival counter. Once a cluster barrier says both loops are done (the K/V rings are
+// free), each CTA stages the half of its unnormalised O (and its rows' m, l) that the
+// partner finishes in its own rings and sends it with one bulk copy
+// (cp.async.bulk.shared::cluster) into the partner's rings, completing bytes on the
+// partner's exchange mbarrier; then all 256 consumer threads finish the CTA's own half of
+// the head size with the arithmetic of is_finish_if_last_v4 (the same bits), and a third
+// cluster barrier keeps both CTAs until both copies have landed.
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_NST (ring slots, 2-4: shared
 // memory allows 2 at IS_HD 128), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER.
@@ -110,8 +112,12 @@ static_assert(NTP * PREG + 2 * NTP * CREG <= 168 * NT, "register reallocation ov
 static_assert(RSTEP % 8 == 0, "a producer thread's rows share one swizzled chunk position");
 static_assert(OFF_KEY % 16 == 0 && QBLK % 1024 == 0 && TBLK % 1024 == 0, "alignment");
 static_assert(OFF_KEY <= 232448, "more than the 227 KiB of opt-in shared memory per block");
-constexpr int XH = 4 * HB;  // IS_CLUSTER: float4s of O a consumer thread sends its partner
-static_assert((2 * XH + 1) * 256 * 16 <= 2 * NST * T_BYTES, "the cluster exchange fits the rings");
+// IS_CLUSTER: granule rows (float4 per consumer thread) of the exchange, see the merge.
+constexpr int XH = 4 * HB;             // rows of O a consumer thread sends its partner
+constexpr int XR = XH + 1, XS = 2 * XH + 1;
+constexpr unsigned X_BYTES = (XH + 1) * 4096u;  // one bulk copy: XH rows of O, one of (m, L)
+constexpr int XW_OFF = (3 * XH + 2) * 4096;     // the merge weights, float4 per item row
+static_assert(XW_OFF + BM * 16 <= 2 * NST * T_BYTES, "the cluster exchange fits the rings");
 
 // mbarriers (8 bytes each): keys full and keys empty per key slot, K full, V full, K empty
 // and V empty per ring slot, then Q full and Q empty per Q slot.
@@ -136,8 +142,8 @@ __device__ __forceinline__ unsigned bar_xch(unsigned b) { return b + 8 * (8 + 4 
 static_assert(8 * (9 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
 
 constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
-#if !IS_Q2 && !IS_CLUSTER
-constexpr int BAR_CONS = 3;              // the 256 consumer threads (split merge)
+#if !IS_Q2
+constexpr int BAR_CONS = 3;              // the 256 consumer threads (split merges)
 #endif
 constexpr int BAR_PROD = 4;              // the 128 producer threads
 
@@ -160,13 +166,13 @@ __device__ __forceinline__ int ws_warp_min(int v) {
 
 #if IS_CLUSTER
 // mapa and the cluster barrier halves: common.cuh's nxrt::cluster_* (included above).
-// 16 bytes into the partner's shared memory at `a`, completing `bytes` of the transaction
-// count of the partner's mbarrier `rbar`.
-__device__ __forceinline__ void ws_st_async4(unsigned a, float x, float y, float z, float w,
-                                             unsigned rbar) {
+// `bytes` (a multiple of 16) from this CTA's shared memory at `src` to another CTA's at `dst`
+// (an address from cluster_mapa), completing them on that CTA's mbarrier `rbar`.
+__device__ __forceinline__ void ws_bulk_to_cluster(unsigned dst, unsigned src, unsigned bytes,
+                                                   unsigned rbar) {
   asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
-      ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w), "r"(rbar)
+      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+      ::"r"(dst), "r"(src), "r"(bytes), "r"(rbar)
       : "memory");
 }
 __device__ __forceinline__ void ws_mbar_expect_tx(unsigned bar, unsigned bytes) {
@@ -424,6 +430,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     nxrt::cluster_wait();  // the consumers' exchange (every thread of the cluster takes part)
     nxrt::cluster_arrive_release();  // this thread's ring copies, before the partner's writes
     nxrt::cluster_wait();
+    nxrt::cluster_arrive_relaxed();  // phase 3: both exchanges done (the consumers' merge)
+    nxrt::cluster_wait();
 #endif
     return;
   }
@@ -629,78 +637,97 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 
 #if IS_CLUSTER
     // ---- The split merge with the partner CTA (rank = split; see the header). Exchange
-    // buffer in the K and V rings, float4 granules [2 XH + 1][256]: the partner's half of O
-    // (granules 0 .. XH - 1), this thread's own half (XH .. 2 XH - 1), the partner's
-    // (m0, m1, L0, L1) (2 XH); thread ctid's granule g at byte 16 (256 g + ctid).
+    // buffer in the K and V rings: float4 granule rows of 256, thread ctid's granule of row
+    // k at byte 16 (256 k + ctid) (its O values of rows g, g + 8 and two adjacent columns):
+    //   rows 0 .. XH - 1, XH: the partner's half of O that this CTA finishes, and the
+    //     partner's (m0, m1, L0, L1) per thread (landed by the partner's bulk copy);
+    //   rows XR .. XR + XH - 1: this thread's own half (XR = XH + 1);
+    //   rows XS .. XS + XH: what this CTA sends, in the partner's layout (XS = 2 XH + 1);
+    // then the merge weights (a0, a1, 1 / L) per item row (XW_OFF).
     {
       const float Lq[2] = {is_quad_sum(l_run[0]), is_quad_sum(l_run[1])};
       static_assert(OFF_V == OFF_K + NST * T_BYTES, "the rings are contiguous");
-      const unsigned xbuf = sbase + OFF_K + 16u * (unsigned)ctid;
+      const unsigned xbase = sbase + OFF_K;
+      const float4* xg = reinterpret_cast<const float4*>(smem + OFF_K);
       float4* xloc = reinterpret_cast<float4*>(smem + OFF_K) + ctid;
+      float4* xw = reinterpret_cast<float4*>(smem + OFF_K + XW_OFF);
       nxrt::cluster_wait();  // phase 1 (the partner's exchange mbarrier is initialised)
-      if (ctid == 0)
-        ws_mbar_expect_tx(bar_xch(bars), (t.nh > 64 ? 256u : 128u) * (XH + 1) * 16u);
+      if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), X_BYTES);
       // Phase 2: both CTAs' rings are read (release: those reads before the partner's writes).
       nxrt::cluster_arrive_release();
       nxrt::cluster_wait();
       if (active) {
-        const unsigned rx = nxrt::cluster_mapa(xbuf, (unsigned)(cl_rank ^ 1));
-        const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), (unsigned)(cl_rank ^ 1));
-        int n = 0;
 #pragma unroll
         for (int J = 0; J < 8 * HB; ++J) {
           const float* v = &o[J >> 3][4 * (J & 7)];
-          if (J / XH == cl_rank) {  // the half this CTA finishes: to its own granules
-            xloc[256 * (XH + (J % XH))] = make_float4(v[0], v[1], v[2], v[3]);
-          } else {
-            ws_st_async4(rx + 4096u * n, v[0], v[1], v[2], v[3], rbar);
-            ++n;
-          }
+          // The half this CTA finishes to its own rows, the other to the send rows.
+          xloc[256 * ((J / XH == cl_rank ? XR : XS) + J % XH)] = make_float4(v[0], v[1], v[2], v[3]);
         }
-        ws_st_async4(rx + 4096u * (2 * XH), m_run[0], m_run[1], Lq[0], Lq[1], rbar);
-        mbar_wait(bar_xch(bars), 0);  // the partner's half landed in our ring
-        const float4 pml = xloc[256 * (2 * XH)];
+        xloc[256 * (XS + XH)] = make_float4(m_run[0], m_run[1], Lq[0], Lq[1]);
+      }
+      // The send rows, written by the generic proxy, go out by one bulk copy (async proxy)
+      // into the partner's rows 0 .. XH: a few large transfers instead of 16-byte remote
+      // stores that each completed bytes on the partner's mbarrier (~2 us at 64 heads).
+      fence_proxy_async();
+      named_bar_sync(BAR_CONS, 2 * NTP);
+      if (ctid == 0)
+        ws_bulk_to_cluster(nxrt::cluster_mapa(xbase, (unsigned)(cl_rank ^ 1)), xbase + 4096u * XS,
+                           X_BYTES, nxrt::cluster_mapa(bar_xch(bars), (unsigned)(cl_rank ^ 1)));
+      mbar_wait(bar_xch(bars), 0);  // the partner's rows landed in our rows 0 .. XH
+      if (active && tq == 0) {
+        const float4 pml = xloc[256 * XH];
         const float mo[2] = {pml.x, pml.y}, lo[2] = {pml.z, pml.w};
-        float a0[2], a1[2], L[2];
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          // is_finish_if_last_v4's weights and denominator, split 0 first.
-          const float m0 = cl_rank == 0 ? m_run[x] : mo[x], m1 = cl_rank == 0 ? mo[x] : m_run[x];
-          const float l0 = cl_rank == 0 ? Lq[x] : lo[x], l1 = cl_rank == 0 ? lo[x] : Lq[x];
-          const float M = fmaxf(fmaxf(is_neg_inf(), m0), m1);
-          a0[x] = a1[x] = 0.f;
-          L[x] = 0.f;
-          if (M != is_neg_inf()) {
-            a0[x] = exp2f(m0 - M);
-            L[x] = __fmaf_rn(l0, a0[x], L[x]);
-            a1[x] = exp2f(m1 - M);
-            L[x] = __fmaf_rn(l1, a1[x], L[x]);
-          }
-        }
-        // This CTA's half, from the staged granules in one short loop (not unrolled: the
-        // code runs once per CTA): O = (o0 a0 + o1 a1) / L, as is_finish_if_last_v4 rounds it.
-        const long long yrow0 = (t.b * N + t.h0 + row0) * (long long)Sq + t.qi;
-#pragma unroll 1
-        for (int jj = 0; jj < XH; ++jj) {
-          const float4 own = xloc[256 * (XH + jj)], oth = xloc[256 * jj];
-          const float4 s0 = cl_rank == 0 ? own : oth, s1 = cl_rank == 0 ? oth : own;
-          const float p0[4] = {s0.x, s0.y, s0.z, s0.w}, p1[4] = {s1.x, s1.y, s1.z, s1.w};
-          const int J = cl_rank * XH + jj;  // dims 8 J + 2 tq + {0, 1} of rows x = 0, 1
+        {
 #pragma unroll
           for (int x = 0; x < 2; ++x) {
-            if (row0 + 8 * x >= t.nh) continue;
-            float out[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float acc = __fmaf_rn(p0[2 * x + e], a0[x], 0.f);
-              acc = __fmaf_rn(p1[2 * x + e], a1[x], acc);
-              out[e] = L[x] > 0.f ? acc / L[x] : 0.f;  // the same bits as is_store(O / L)
+            // is_finish_if_last_v4's weights and normaliser, split 0 first.
+            const float m0 = cl_rank == 0 ? m_run[x] : mo[x], m1 = cl_rank == 0 ? mo[x] : m_run[x];
+            const float l0 = cl_rank == 0 ? Lq[x] : lo[x], l1 = cl_rank == 0 ? lo[x] : Lq[x];
+            const float M = fmaxf(fmaxf(is_neg_inf(), m0), m1);
+            float a0 = 0.f, a1 = 0.f, L = 0.f;
+            if (M != is_neg_inf()) {
+              a0 = exp2f(m0 - M);
+              L = __fmaf_rn(l0, a0, L);
+              a1 = exp2f(m1 - M);
+              L = __fmaf_rn(l1, a1, L);
             }
-            *reinterpret_cast<unsigned*>(y + (yrow0 + 8 * x * (long long)Sq) * HD + 8 * J +
-                                         2 * tq) = is_pack2(out[0], out[1]);
+            xw[row0 + 8 * x] = make_float4(a0, a1, is_recip(L), L);
           }
         }
       }
+      named_bar_sync(BAR_CONS, 2 * NTP);
+      // This CTA's half of the head size, spread over all 256 consumer threads: granule
+      // (source thread sc, block jj) holds rows g, g + 8 of sc's warp slab, dimensions
+      // 8 J + 2 tq + {0, 1} (J = cl_rank XH + jj). O = (o0 a0 + o1 a1) / L as
+      // is_finish_if_last_v4 rounds it (explicit FMAs, then times 1 / L).
+      const int nsrc = t.nh > 64 ? 2 * NTP : NTP;  // threads of the active warpgroups
+      const int sc = ctid % nsrc;
+      const int srow = 64 * (sc >> 7) + 16 * ((sc >> 5) & 3) + ((sc & 31) >> 2);
+      const int stq = sc & 3;
+      const float4 w0 = xw[srow], w1 = xw[srow + 8];
+      const long long yrow0 = (t.b * N + t.h0 + srow) * (long long)Sq + t.qi;
+#pragma unroll 2
+      for (int jj = ctid / nsrc; jj < XH; jj += 2 * NTP / nsrc) {
+        const float4 own = xg[256 * (XR + jj) + sc], oth = xg[256 * jj + sc];
+        const float4 s0 = cl_rank == 0 ? own : oth, s1 = cl_rank == 0 ? oth : own;
+        const int J = cl_rank * XH + jj;
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const float4 w = x ? w1 : w0;
+          const float p0a = x ? s0.z : s0.x, p0b = x ? s0.w : s0.y;
+          const float p1a = x ? s1.z : s1.x, p1b = x ? s1.w : s1.y;
+          const float ea = __fmaf_rn(p1a, w.y, __fmaf_rn(p0a, w.x, 0.f));
+          const float eb = __fmaf_rn(p1b, w.y, __fmaf_rn(p0b, w.x, 0.f));
+          if (srow + 8 * x < t.nh)
+            *reinterpret_cast<unsigned*>(y + (yrow0 + 8 * x * (long long)Sq) * HD + 8 * J +
+                                         2 * stq) = is_pack2(is_norm(ea, w.w, w.z),
+                                                             is_norm(eb, w.w, w.z));
+        }
+      }
+      // The partner's bulk copy read our send rows before our rows landed in its memory;
+      // phase 3 keeps both CTAs (and their shared memory) until both exchanges are done.
+      nxrt::cluster_arrive_relaxed();
+      nxrt::cluster_wait();
     }
     (void)part_o;
     (void)part_ml;
