@@ -43,7 +43,7 @@
 // split, merge through distributed shared memory instead of global partials and an
 // arrival counter. Once a cluster barrier says both loops are done (the K/V rings are
 // free), each CTA stages the half of its unnormalised O (and its rows' m, l) that the
-// partner finishes in its own rings and sends it with one bulk copy
+// partner finishes in its own rings and sends it with bulk copies
 // (cp.async.bulk.shared::cluster) into the partner's rings, completing bytes on the
 // partner's exchange mbarrier; then all 256 consumer threads finish the CTA's own half of
 // the head size with the arithmetic of is_finish_if_last_v4 (the same bits), and a third
@@ -115,7 +115,6 @@ static_assert(OFF_KEY <= 232448, "more than the 227 KiB of opt-in shared memory 
 // IS_CLUSTER: granule rows (float4 per consumer thread) of the exchange, see the merge.
 constexpr int XH = 4 * HB;             // rows of O a consumer thread sends its partner
 constexpr int XR = XH + 1, XS = 2 * XH + 1;
-constexpr unsigned X_BYTES = (XH + 1) * 4096u;  // one bulk copy: XH rows of O, one of (m, L)
 constexpr int XW_OFF = (3 * XH + 2) * 4096;     // the merge weights, float4 per item row
 static_assert(XW_OFF + BM * 16 <= 2 * NST * T_BYTES, "the cluster exchange fits the rings");
 
@@ -652,7 +651,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       float4* xloc = reinterpret_cast<float4*>(smem + OFF_K) + ctid;
       float4* xw = reinterpret_cast<float4*>(smem + OFF_K + XW_OFF);
       nxrt::cluster_wait();  // phase 1 (the partner's exchange mbarrier is initialised)
-      if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), X_BYTES);
+      // Rows carry 16 bytes per consumer thread of the active warpgroups (the first half
+      // of each row when the item has at most 64 heads): nsrc threads, XH + 1 rows.
+      const int nsrc = t.nh > 64 ? 2 * NTP : NTP;
+      const unsigned row_bytes = 16u * (unsigned)nsrc;
+      if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), (XH + 1) * row_bytes);
       // Phase 2: both CTAs' rings are read (release: those reads before the partner's writes).
       nxrt::cluster_arrive_release();
       nxrt::cluster_wait();
@@ -665,14 +668,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         }
         xloc[256 * (XS + XH)] = make_float4(m_run[0], m_run[1], Lq[0], Lq[1]);
       }
-      // The send rows, written by the generic proxy, go out by one bulk copy (async proxy)
+      // The send rows, written by the generic proxy, go out by bulk copies (async proxy)
       // into the partner's rows 0 .. XH: a few large transfers instead of 16-byte remote
-      // stores that each completed bytes on the partner's mbarrier (~2 us at 64 heads).
+      // stores that each completed bytes on the partner's mbarrier.
       fence_proxy_async();
       named_bar_sync(BAR_CONS, 2 * NTP);
-      if (ctid == 0)
-        ws_bulk_to_cluster(nxrt::cluster_mapa(xbase, (unsigned)(cl_rank ^ 1)), xbase + 4096u * XS,
-                           X_BYTES, nxrt::cluster_mapa(bar_xch(bars), (unsigned)(cl_rank ^ 1)));
+      if (ctid <= XH) {  // one copy per row, from XH + 1 threads
+        const unsigned off = 4096u * (unsigned)ctid;
+        ws_bulk_to_cluster(nxrt::cluster_mapa(xbase + off, (unsigned)(cl_rank ^ 1)),
+                           xbase + 4096u * XS + off, row_bytes,
+                           nxrt::cluster_mapa(bar_xch(bars), (unsigned)(cl_rank ^ 1)));
+      }
       mbar_wait(bar_xch(bars), 0);  // the partner's rows landed in our rows 0 .. XH
       if (active && tq == 0) {
         const float4 pml = xloc[256 * XH];
@@ -700,7 +706,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // (source thread sc, block jj) holds rows g, g + 8 of sc's warp slab, dimensions
       // 8 J + 2 tq + {0, 1} (J = cl_rank XH + jj). O = (o0 a0 + o1 a1) / L as
       // is_finish_if_last_v4 rounds it (explicit FMAs, then times 1 / L).
-      const int nsrc = t.nh > 64 ? 2 * NTP : NTP;  // threads of the active warpgroups
       const int sc = ctid % nsrc;
       const int srow = 64 * (sc >> 7) + 16 * ((sc >> 5) & 3) + ((sc & 31) >> 2);
       const int stq = sc & 3;
