@@ -269,9 +269,10 @@ __device__ __forceinline__ void is_write_out(is_t* y, float* part_o, float* part
 }
 
 // The normalisation of every split merge (is_finish_element, is_finish_if_last_v4, the ws
-// build's cluster merge): O times the row's reciprocal 1 / L, so one IEEE division per row
-// and not per element (a chain of divisions was ~1 us of the cluster merge's tail); a row
-// that saw no key (L = 0) gives zeros. One split divides (is_store(O / L)): its own bits.
+// build's cluster merge): O times the row's reciprocal 1 / L, which the vectorised merges
+// compute once per row (a chain of divisions per element was ~1 us of the cluster merge's
+// tail; is_finish_element, one element per call, still takes one reciprocal per element);
+// a row that saw no key (L = 0) gives zeros. One split divides (is_store(O / L)): its own bits.
 __device__ __forceinline__ float is_recip(float L) { return L > 0.f ? 1.f / L : 0.f; }
 __device__ __forceinline__ float is_norm(float O, float L, float inv) {
   return L > 0.f ? O * inv : 0.f;

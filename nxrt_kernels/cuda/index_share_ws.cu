@@ -729,8 +729,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                                                              is_norm(eb, w.w, w.z));
         }
       }
-      // The partner's bulk copy read our send rows before our rows landed in its memory;
-      // phase 3 keeps both CTAs (and their shared memory) until both exchanges are done.
+      // Our bulk copies' completion is visible only on the partner's mbarrier: phase 3
+      // waits for the partner's wait, so both CTAs (and their shared memory) stay until both
+      // exchanges are done.
       nxrt::cluster_arrive_relaxed();
       nxrt::cluster_wait();
     }
