@@ -683,22 +683,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       if (active && tq == 0) {
         const float4 pml = xloc[256 * XH];
         const float mo[2] = {pml.x, pml.y}, lo[2] = {pml.z, pml.w};
-        {
 #pragma unroll
-          for (int x = 0; x < 2; ++x) {
-            // is_finish_if_last_v4's weights and normaliser, split 0 first.
-            const float m0 = cl_rank == 0 ? m_run[x] : mo[x], m1 = cl_rank == 0 ? mo[x] : m_run[x];
-            const float l0 = cl_rank == 0 ? Lq[x] : lo[x], l1 = cl_rank == 0 ? lo[x] : Lq[x];
-            const float M = fmaxf(fmaxf(is_neg_inf(), m0), m1);
-            float a0 = 0.f, a1 = 0.f, L = 0.f;
-            if (M != is_neg_inf()) {
-              a0 = exp2f(m0 - M);
-              L = __fmaf_rn(l0, a0, L);
-              a1 = exp2f(m1 - M);
-              L = __fmaf_rn(l1, a1, L);
-            }
-            xw[row0 + 8 * x] = make_float4(a0, a1, is_recip(L), L);
+        for (int x = 0; x < 2; ++x) {
+          // is_finish_if_last_v4's weights and normaliser, split 0 first.
+          const float m0 = cl_rank == 0 ? m_run[x] : mo[x], m1 = cl_rank == 0 ? mo[x] : m_run[x];
+          const float l0 = cl_rank == 0 ? Lq[x] : lo[x], l1 = cl_rank == 0 ? lo[x] : Lq[x];
+          const float M = fmaxf(fmaxf(is_neg_inf(), m0), m1);
+          float a0 = 0.f, a1 = 0.f, L = 0.f;
+          if (M != is_neg_inf()) {
+            a0 = exp2f(m0 - M);
+            L = __fmaf_rn(l0, a0, L);
+            a1 = exp2f(m1 - M);
+            L = __fmaf_rn(l1, a1, L);
           }
+          xw[row0 + 8 * x] = make_float4(a0, a1, is_recip(L), L);
         }
       }
       named_bar_sync(BAR_CONS, 2 * NTP);
