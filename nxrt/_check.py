@@ -119,16 +119,35 @@ class FastDriver:
                         ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
                         ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
 
+        class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad, 64-byte value
+            _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_int),
+                        ("rest", ctypes.c_char * 60)]
+
         lib = (ctypes.PyDLL if hold_gil else ctypes.CDLL)("libcuda.so.1")
         self._launch = lib.cuLaunchKernelEx
         self._launch.restype = ctypes.c_int  # arguments arrive pre-wrapped: no argtypes
         self._struct = LaunchConfig
+        self._attr = LaunchAttribute
         self._byref = ctypes.byref
 
-    def config(self, grid: tuple, block: tuple, shared: int, stream: int) -> Any:
-        """A reusable ``CUlaunchConfig``: (struct, reference to pass to :attr:`launch_fn`)."""
+    def config(self, grid: tuple, block: tuple, shared: int, stream: int,
+               programmatic: bool = False) -> Any:
+        """A reusable ``CUlaunchConfig``: (struct, reference to pass to :attr:`launch_fn`).
+
+        ``programmatic``: with the launch attribute ``PROGRAMMATIC_STREAM_SERIALIZATION``
+        (programmatic dependent launch, cc >= 9.0), see :meth:`CudaRuntime.launch`.
+        """
+        import ctypes
+
+        attrs, n = None, 0
+        if programmatic:
+            attr = self._attr(int(driver.CUlaunchAttributeID
+                                  .CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION), 0, 1)
+            attrs, n = ctypes.addressof(attr), 1
         cfg = self._struct((grid[0], grid[1], grid[2]), (block[0], block[1], block[2]),
-                           shared, stream, None, 0)
+                           shared, stream, attrs, n)
+        if programmatic:
+            cfg.keep_alive = attr  # the struct points into it
         return cfg, self._byref(cfg)  # a byref object holds on to its struct
 
     @property

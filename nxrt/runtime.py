@@ -278,11 +278,19 @@ class CudaRuntime:
         return self._launcher is not None
 
     def launch(self, fn: Function, grid: int | Sequence[int], block: int | Sequence[int],
-               args: Sequence[Any], shared_mem: int = 0) -> None:
+               args: Sequence[Any], shared_mem: int = 0, *, programmatic: bool = False) -> None:
         """Launch ``fn`` on the runtime's stream.
 
         ``args``: device pointers as ``int``, scalars as numpy scalars. Dynamic shared memory
-        above 48 KiB raises the function's limit once. When the optional extension
+        above 48 KiB raises the function's limit once.
+
+        ``programmatic=True`` launches with programmatic dependent launch (cc >= 9.0; also
+        inside a capture, as a programmatic edge of the graph): ``fn`` may start while the
+        stream's previous kernel is still finishing, so ``fn`` must execute
+        ``griddepcontrol.wait`` before it touches any memory that kernel reads or writes
+        (the wait returns once that kernel has completed and its writes are visible). Only
+        kernels written that way may take it; it goes by the pure-Python path. When the
+        optional extension
         ``nxrt._launchc`` is built (``pip install`` does it where a C compiler exists), the
         instance's ``launch`` is its compiled hot path, which defers to this method for
         anything unusual; ``NXRT_COMPILED_LAUNCH=0`` keeps this pure-Python path.
@@ -296,19 +304,22 @@ class CudaRuntime:
         CudaError
             The driver refused the launch.
         """
-        return self._launch_py(fn, grid, block, args, shared_mem)
+        return self._launch_py(fn, grid, block, args, shared_mem, programmatic=programmatic)
 
     def _launch_py(self, fn: Function, grid: Any, block: Any, args: Sequence[Any],
-                   shared_mem: int = 0) -> None:
+                   shared_mem: int = 0, *, programmatic: bool = False) -> None:
         # Hot path: one dict lookup for the cached CUlaunchConfig, argument packing, and one
         # foreign call. A CUkernel launched on a non-null stream runs in the stream's
         # context, so no context switch is needed whichever context is current here.
+        # (Programmatic configs have a 4-tuple key, which the compiled path never looks up.)
+        key = (grid, block, shared_mem, True) if programmatic else (grid, block, shared_mem)
         try:
-            cfg = self._configs.get((grid, block, shared_mem))
+            cfg = self._configs.get(key)
         except TypeError:  # lists are unhashable: normalise
             cfg = None
         if cfg is None:
-            cfg = self._launch_config((_hashable(grid), _hashable(block), shared_mem))
+            norm = (_hashable(grid), _hashable(block), shared_mem)
+            cfg = self._launch_config(norm + (True,) if programmatic else norm)
         if shared_mem > 49152:
             fn.ensure_shared(shared_mem)
         if args:
@@ -329,11 +340,12 @@ class CudaRuntime:
     def _launch_config(self, key: tuple) -> Any:
         if self._closed:  # close() empties the config cache, so a closed runtime lands here
             raise ValueError("launch(): this CudaRuntime is closed")
-        grid, block, shared_mem = key
+        grid, block, shared_mem = key[:3]
         g, b = dim3(grid, "grid"), dim3(block, "block")
         if not isinstance(shared_mem, (int, np.integer)) or shared_mem < 0:
             raise ValueError(f"shared_mem must be a non-negative int, got {shared_mem!r}")
-        struct, ref = self._fast.config(g, b, int(shared_mem), self.stream.ptr)
+        struct, ref = self._fast.config(g, b, int(shared_mem), self.stream.ptr,
+                                        programmatic=len(key) == 4)
         cfg = (ctypes.addressof(struct), ref)  # the reference keeps the struct alive
         if len(self._configs) > 4096:  # bounded: shapes that change every call don't grow it
             self._configs.clear()

@@ -69,6 +69,7 @@ class Launch:
     args: list[Any]
     shared_mem: int
     captured: bool
+    programmatic: bool = False
 
 
 @dataclass
@@ -292,7 +293,7 @@ class FakeRuntime:
         return fn
 
     def launch(self, fn: FakeFunction, grid: Any, block: Any, args: Sequence[Any],
-               shared_mem: int = 0) -> None:
+               shared_mem: int = 0, *, programmatic: bool = False) -> None:
         g, b = _dim3(grid, "grid"), _dim3(block, "block")
         if g[0] > 2**31 - 1 or g[1] > 65535 or g[2] > 65535:
             raise FakeLaunchError(f"{fn.name}: grid {g} exceeds (2**31-1, 65535, 65535)")
@@ -312,7 +313,10 @@ class FakeRuntime:
             elif not isinstance(a, _SCALARS):
                 raise FakeLaunchError(f"{fn.name}: argument {i} is a {type(a).__name__}; expected a "
                                       "pointer int or a numpy scalar")
-        rec = Launch(fn.name, g, b, list(args), int(shared_mem), self._capturing)
+        if programmatic and self.capabilities.compute_capability < (9, 0):
+            raise FakeLaunchError(f"{fn.name}: programmatic dependent launch needs cc >= 9.0")
+        rec = Launch(fn.name, g, b, list(args), int(shared_mem), self._capturing,
+                     bool(programmatic))
         self.launch_count += 1
         self.launches.append(rec)
         if self._capturing:

@@ -849,3 +849,54 @@ def test_warm_disk_cache_means_zero_compiles_in_a_fresh_process(rt, tmp_path):
     stats = report["stats"]
     assert stats["compiles"] == 0 and stats["misses"] == 0, stats
     assert stats["disk_hits"] == 1 and stats["bad_entries"] == 0, stats
+
+
+PDL_SRC = r'''
+// A producer that lets its dependents launch before it writes (griddepcontrol), and a
+// consumer that may only read after griddepcontrol.wait: without the wait, or with a
+// launch path that dropped the programmatic attribute's ordering, it reads poison.
+extern "C" __global__ void pdl_producer(float* out, const float* in, int n, long long spin) {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  long long t0 = clock64();
+  while (clock64() - t0 < spin) {}
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = 2.0f * in[i];
+}
+extern "C" __global__ void pdl_consumer(float* out, const float* in, int n) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i] + 1.0f;
+}
+'''
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "graph"])
+def test_programmatic_dependent_launch(ledger, rng, captured):
+    """``launch(..., programmatic=True)``: the consumer starts under the producer (which
+    triggers its dependents before writing) and still reads the producer's output, eagerly
+    and as a programmatic edge of a captured graph; the launch takes the Python path."""
+    rt = ledger
+    if rt.capabilities.compute_capability < (9, 0):
+        pytest.skip("programmatic dependent launch needs cc >= 9.0")
+    prod = rt.nvrtc_function("nxrt_test_pdl", PDL_SRC, "pdl_producer")
+    cons = rt.nvrtc_function("nxrt_test_pdl", PDL_SRC, "pdl_consumer")
+    n = 70_001
+    x = _rand(rng, n)
+    with ExitStack() as st, _no_capture_left(rt):
+        dx, mid, out = (st.enter_context(DeviceArray(rt, (n,), np.float32)) for _ in range(3))
+        dx.copy_from(x)
+
+        def step():
+            rt.launch(prod, _grid(n), BLOCK, [mid.ptr, dx.ptr, np.int32(n), np.int64(200_000)])
+            rt.launch(cons, _grid(n), BLOCK, [out.ptr, mid.ptr, np.int32(n)], programmatic=True)
+
+        graph = None
+        if captured:
+            with rt.capture() as graph:
+                step()
+            st.callback(graph.destroy)
+        for _ in range(3):
+            mid.fill_bytes(0xFF)
+            out.fill_bytes(0xFF)
+            graph.replay() if graph is not None else step()
+            assert np.array_equal(out.numpy(), 2.0 * x + 1.0)
