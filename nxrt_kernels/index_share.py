@@ -114,7 +114,7 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
 #: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
 PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap",
-              "qreg", "minb", "ws", "ctas", "q2")
+              "qreg", "minb", "ws", "ctas", "q2", "kt")
 #: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
 #: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
 #: between the two warpgroups of one 64-head block.
@@ -145,6 +145,16 @@ _DEFAULT_PIPE = 2
 WS_SLOTS = {64: 4, 128: 2}
 WS_MAX_SPLITS = 8
 _WS_KT = 128  # keys per tile (and the column alignment of its splits)
+#: Keys per tile of the ws build (knob ``kt``): 128, or 64 (twice the ring slots, the same
+#: bytes; at most four slots). 64 is the default for two-CTA-cluster decode items of more
+#: than 64 heads at head size 128 (H200: decode N128 27.4-27.5 vs 28.2-28.8 us); N64 stays
+#: at 128 (26.2-26.8 us either way).
+WS_KTS = (64, 128)
+
+
+def _ws_nst(hd: int, kt: int) -> int:
+    """Ring slots of the ws build: the same bytes as WS_SLOTS at 128-key tiles, at most 4."""
+    return min(4, WS_SLOTS[hd] * _WS_KT // kt)
 
 
 def _aux_variant(dt: DataType) -> Variant:
@@ -175,8 +185,10 @@ def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
     return Variant("index_share_wg.cu", ("is_attn_wg",), defines, min_arch=90, arch_suffix="a")
 
 
-def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0) -> Variant:
-    defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": WS_SLOTS[hd]}
+def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = _WS_KT) -> Variant:
+    defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": _ws_nst(hd, kt)}
+    if kt != _WS_KT:
+        defines["IS_KT"] = kt
     if q2:
         defines["IS_Q2"] = 1
     if cluster:
@@ -201,6 +213,7 @@ def compile_variants() -> list[Variant]:
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, ov, 1) for hd in (64, 128) for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, 0, 1, 3) for hd in (64, 128)]
         out += [_ws_variant(dt, hd, q2, cl) for hd in (64, 128) for q2, cl in ((0, 0), (1, 0), (0, 1))]
+        out.append(_ws_variant(dt, 128, 0, 1, 64))  # the N > 64 decode default (WS_KTS)
     return out
 
 
@@ -250,7 +263,8 @@ class _Plan:
                 "minb": d.get("IS_MINB", 1) if self.path == "wg" else None,
                 "ws": int(self.entry == "is_attn_ws") if self.path == "wg" else None,
                 "ctas": self.grid if self.entry == "is_attn_ws" else None,
-                "q2": d.get("IS_Q2", 0) if self.entry == "is_attn_ws" else None}
+                "q2": d.get("IS_Q2", 0) if self.entry == "is_attn_ws" else None,
+                "kt": d.get("IS_KT", _WS_KT) if self.entry == "is_attn_ws" else None}
 
 
 def _round_up(x: int, a: int) -> int:
@@ -278,16 +292,21 @@ def _wg_smem(hd: int, wgs: int, mrows: int, stages: int, cps: int, qreg: int = 0
     return 1024 + q + stages * 2 * hb * kt * 128 + cps * 4
 
 
-def _ws_smem(hd: int, cps: int, q2: int = 0) -> int:
+def _ws_smem(hd: int, cps: int, q2: int = 0, cluster: int = 0, kt: int = _WS_KT) -> int:
     """Dynamic shared memory of is_attn_ws (mirrors the kernel's layout).
 
-    ``q2``: two Q slots, no split-merge weights, int32 index slots.
+    ``q2``: two Q slots, no split-merge weights, int32 index slots. ``cluster``: the
+    cluster merge's inbox (the partner's half of O and its row statistics) after the index
+    slots, 128-byte aligned.
     """
     hb = hd // 64
     q = (2 if q2 else 1) * hb * 128 * 128
-    ring = 2 * WS_SLOTS[hd] * hb * _WS_KT * 128
+    ring = 2 * _ws_nst(hd, kt) * hb * kt * 128
     weights = 0 if q2 else 128 * (WS_MAX_SPLITS + 1) * 4
-    return 1024 + q + ring + 256 + weights + 2 * cps * 4 + 2 * (16 + (4 if q2 else 8) * cps)
+    fixed = q + ring + 256 + weights + 2 * cps * 4 + 2 * (16 + (4 if q2 else 8) * cps)
+    if cluster:
+        fixed = _round_up(fixed, 128) + (4 * hb + 1) * 256 * 16
+    return 1024 + fixed
 
 
 def _mma_smem(wm: int, wn: int, stages: int, hd: int, cps: int) -> int:
@@ -380,17 +399,20 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
         if ws and other:
             raise KernelError(f"{OP}: ws=1 (the warp-specialised build) takes only the knobs "
-                              f"splits, merge, ctas and q2; got {other}")
-    for only_ws in ("ctas", "q2"):
+                              f"splits, merge, ctas, q2 and kt; got {other}")
+    for only_ws in ("ctas", "q2", "kt"):
         if only_ws in knobs and not ws:
             raise KernelError(f"{OP}: {only_ws} applies to the warp-specialised build (ws=1) only")
     if use_wg and ws:
         # Warp-specialised and persistent (cuda/index_share_ws.cu): 128 heads per item,
-        # 128-key tiles, one CTA per SM looping over the (task, split) items.
+        # 128-key tiles (or 64, knob kt), one CTA per SM looping over the (task, split) items.
         col_align, max_cps = _WS_KT, 2048
         hpc, threads, lpk = 128, 384, 0
+        kt = int(knobs.get("kt", _WS_KT))
+        if kt not in WS_KTS:
+            raise KernelError(f"{OP}: kt={kt} must be one of {WS_KTS}")
         variant, entry = _ws_variant(dt, h), "is_attn_ws"  # (q2 is chosen with the splits)
-        stages = WS_SLOTS[h]
+        stages = _ws_nst(h, kt)
     elif use_wg:
         # Layout and loop (H200 sweeps, benchmarks/NOTES.md). Decode (few rows): groups above
         # 64 heads take one 128-head CTA (two warpgroups), 64-head blocks two warpgroups
@@ -526,13 +548,14 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     if ws:
         # Two Q slots (the next item's Q streams in under this one's last tiles) where the
         # shared memory has room for them: one split (no merge weights) and int32 indices.
-        q2_ok = splits == 1 and g.index_dtype == DataType.INT32 and _ws_smem(h, cps, 1) <= smem_max
+        q2_smem = _ws_smem(h, cps, 1, 0, kt)
+        q2_ok = splits == 1 and g.index_dtype == DataType.INT32 and q2_smem <= smem_max
         q2 = int(knobs.get("q2", 1 if q2_ok else 0))
         if q2 not in (0, 1) or (q2 and not q2_ok):
             raise KernelError(f"{OP}: q2={q2} must be 0, or 1 with one split, int32 indices and "
-                              f"{_ws_smem(h, cps, 1)} bytes of shared memory")
-        variant = _ws_variant(dt, h, q2)
-        smem = _ws_smem(h, cps, q2)
+                              f"{q2_smem} bytes of shared memory")
+        variant = _ws_variant(dt, h, q2, 0, kt)
+        smem = _ws_smem(h, cps, q2, 0, kt)
         if smem > smem_max:
             raise KernelError(f"{OP}: the warp-specialised plan needs {smem} bytes of shared "
                               f"memory ({cps} columns per split); the device allows {smem_max}")
@@ -560,16 +583,23 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # cluster and merge through distributed shared memory (no partials, no counter).
         # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
         # resident at once; a larger grid would still be correct, in more than one wave.
-        cluster_ok = ws and splits == 2 and tasks * splits <= min(sm_count, cap)
+        cluster_ok = (ws and splits == 2 and tasks * splits <= min(sm_count, cap)
+                      and _ws_smem(h, cps, 0, 1) <= smem_max)
         merge = str(knobs.get("merge", "cluster" if cluster_ok else "last"))
         if merge not in ("last", "kernel", "cluster"):
             raise KernelError(f"{OP}: merge={merge!r} must be 'last', 'kernel' or 'cluster'")
         if merge == "cluster" and not cluster_ok:
             raise KernelError(f"{OP}: merge='cluster' needs the warp-specialised build (ws=1), "
-                              f"two splits and one work item per CTA (at most {min(sm_count, cap)}"
-                              f"); this plan has ws={ws}, {splits} splits, {tasks * splits} items")
+                              f"two splits, one work item per CTA (at most {min(sm_count, cap)}) "
+                              f"and {_ws_smem(h, cps, 0, 1)} bytes of shared memory; this plan "
+                              f"has ws={ws}, {splits} splits, {tasks * splits} items, a device "
+                              f"limit of {smem_max}")
         if merge == "cluster":
-            variant = _ws_variant(dt, h, 0, 1)
+            if "kt" not in knobs and h == 128 and g.group > 64:
+                kt = 64  # (WS_KTS: decode items of more than 64 heads)
+            variant = _ws_variant(dt, h, 0, 1, kt)
+            smem = _ws_smem(h, cps, 0, 1, kt)
+            stages = _ws_nst(h, kt)
     grid = tasks * splits
     if ws:  # persistent: at most one CTA per SM (or the ctas knob), each looping over items
         grid = max(1, min(grid, sm_count, cap))
@@ -921,7 +951,7 @@ class IndexShareKernel:
                    i32(g.index_dtype == DataType.INT64), i32(bias is not None), i32(plan.lpk),
                    i32(plan.stages), np.float32(g.scale * math.log2(math.e)),
                    i32(plan.tasks * plan.splits)],
-                  shared_mem=plan.smem)
+                  shared_mem=plan.smem, programmatic=plan.entry == "is_attn_ws")
         if plan.merge == "kernel":
             n_rows = g.batch * g.q_len * g.heads
             rt.launch(fn_comb, self._blocks(n_rows * g.head_size), 256,

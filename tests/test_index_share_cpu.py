@@ -478,8 +478,10 @@ class FakeRuntime:
             self._fns[key] = _EmuFn(lib, entry)
         return self._fns[key]
 
-    def launch(self, fn, grid, block, args, shared_mem=0):
+    def launch(self, fn, grid, block, args, shared_mem=0, *, programmatic=False):
         assert shared_mem <= self.capabilities.max_shared_per_block_optin
+        # Only the warp-specialised build (which waits on griddepcontrol) may take it.
+        assert not programmatic or fn.name == "is_attn_ws", fn.name
         self.launch_count += 1
         self._do(lambda: fn(grid, block, list(args), shared_mem))
 
@@ -890,10 +892,15 @@ def test_ws_plan_choice_grid_and_refusals():
     assert (p.knobs["ws"], p.knobs["q2"], p.splits, p.merge) == (1, 0, 2, "cluster")
     assert p.variant.defines["IS_CLUSTER"] == 1 and p.nbytes == 0
     assert p.grid == p.tasks * p.splits == 128 and p.cps == 1024
-    assert p.smem == index_share._ws_smem(128, 1024) <= 227 * 1024
-    # Decode N64 (B 64): the same; with fewer SMs than items, or pinned, the last-arrival merge.
+    assert p.smem == index_share._ws_smem(128, 1024, 0, 1) <= 227 * 1024
+    # ... in 64-key tiles (twice the ring slots, the same bytes: WS_KTS).
+    assert p.knobs["kt"] == 64 and p.variant.defines["IS_NST"] == 4 and p.stages == 4
+    q = plan(_geom(128), 132, True, None, False, knobs={"kt": 128}, wg_arch=True)
+    assert q.knobs["kt"] == 128 and "IS_KT" not in q.variant.defines and q.smem == p.smem
+    # Decode N64 (B 64): the same in 128-key tiles; with fewer SMs than items, or pinned,
+    # the last-arrival merge.
     p = plan(_geom(64), 132, True, None, False, wg_arch=True)
-    assert (p.knobs["ws"], p.splits, p.merge, p.grid) == (1, 2, "cluster", 128)
+    assert (p.knobs["ws"], p.splits, p.merge, p.grid, p.knobs["kt"]) == (1, 2, "cluster", 128, 128)
     p = plan(_geom(128), 100, True, None, False, knobs={"splits": 2}, wg_arch=True)
     assert (p.merge, p.grid) == ("last", 100) and "IS_CLUSTER" not in p.variant.defines
     p = plan(_geom(128), 132, True, None, False, knobs={"merge": "last"}, wg_arch=True)
@@ -934,9 +941,11 @@ def test_ws_plan_choice_grid_and_refusals():
             ({"q2": 1}, _geom(128), "q2=1 must be 0, or 1 with one split"),
             ({"q2": 1}, _geom(128, b=1, sq=4096, idt=DataType.INT64), "int32 indices"),
             ({"ws": 1}, _geom(128, k=9 * 2048), "at most 8 splits"),
-            ({"merge": "cluster", "splits": 3}, _geom(128), "two splits and one work item"),
-            ({"merge": "cluster", "ctas": 100}, _geom(128), "two splits and one work item"),
+            ({"merge": "cluster", "splits": 3}, _geom(128), "two splits, one work item"),
+            ({"merge": "cluster", "ctas": 100}, _geom(128), "two splits, one work item"),
             ({"merge": "cluster", "ws": 0}, _geom(128), "needs the warp-specialised build"),
+            ({"kt": 96}, _geom(128), "kt=96 must be one of"),
+            ({"kt": 64, "ws": 0}, _geom(128), "kt applies to the warp-specialised build"),
             ({"merge": "bogus"}, _geom(128), "must be 'last', 'kernel' or 'cluster'")):
         with pytest.raises(KernelError, match=match):
             plan(geom, 132, True, None, False, knobs=knobs, wg_arch=True)
@@ -997,3 +1006,30 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
     assert need >= wg.nbytes > 0
     monkeypatch.setenv("NXRT_INDEX_SHARE_WG", "0")
     assert not kern._wg_arch()
+
+
+@pytest.mark.parametrize("n,path,want", [(128, None, True), (128, "mma", False), (8, None, False)])
+def test_programmatic_launch_only_for_the_ws_build(n, path, want):
+    """The warp-specialised build (which waits on ``griddepcontrol`` before it touches
+    global memory) launches with programmatic dependent launch; no other kernel does."""
+    from tests._fakes import FakeRuntime
+
+    rt = FakeRuntime()  # an H200: cc 9.0, 132 SMs
+    rng = np.random.default_rng(7)
+    b, past, k, h = 4, 3000, 2048, 128
+    bf = DataType.BFLOAT16
+    idx = np.stack([np.sort(rng.choice(past + 1, k, replace=False)) for _ in range(b)])
+    ins = [rt.view((b, n, 1, h), bf), rt.view((b, 1, 1, h), bf), rt.view((b, 1, 1, h), bf),
+           rt.view((b, 1, past, h), bf), rt.view((b, 1, past, h), bf),
+           rt.view((b, 1, 1, k), DataType.INT32, data=idx.astype(np.int32).reshape(b, 1, 1, k))]
+    out = rt.view((b, n, 1, h), bf, mut=True)
+    kern = index_share.IndexShareFactory(rt).create(node(n, 1))
+    kern.path_override = path
+    try:
+        kern.execute(ins, [out])
+    finally:
+        kern.close()
+    attn = [x for x in rt.launches if x.name.startswith("is_attn")]
+    assert len(attn) == 1 and (attn[0].name == "is_attn_ws") == want, rt.names()
+    assert [x.programmatic for x in rt.launches] == [x.name == "is_attn_ws" for x in rt.launches]
+    assert attn[0].programmatic == want

@@ -424,7 +424,12 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              {"ws": 1, "splits": 1, "q2": 0}, {"ws": 1, "splits": 1, "q2": 1, "ctas": 3},
              # Two splits: decode rows (one item per CTA) merge in a two-CTA cluster by
              # default, with the bits of the last-arrival merge.
-             {"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"}]
+             {"ws": 1, "splits": 2, "kt": 128}, {"ws": 1, "splits": 2, "merge": "last"},
+             # 64-key tiles (their own bits, the same for any grid or merge; the default of
+             # cluster items of more than 64 heads at head size 128).
+             {"ws": 1, "kt": 64}, {"ws": 1, "kt": 64, "ctas": 3},
+             {"ws": 1, "kt": 64, "splits": 3, "merge": "kernel"},
+             {"ws": 1, "kt": 64, "splits": 2}, {"ws": 1, "kt": 64, "splits": 2, "merge": "last"}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
@@ -435,7 +440,7 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
             assert (kn["ws"], kn["wgs"], kn["mrows"]) == (0, 2, 64), kn
         else:  # more than 64 heads share a row: the warp-specialised build
             assert kn["ws"] == 1 and kn["q2"] == (kern.last_plan.splits == 1), kn
-        _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg"),
+        _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg", "kt"),
                      TOL[DataType.from_numpy(dt)], repeats=2)
         kern.plan_override = {"ws": 1, "splits": 2}  # cluster: one item per CTA
         run(rt, kern, views, [y])
@@ -444,3 +449,57 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
     finally:
         kern.close()
         free(arrs, [y])
+
+
+@pytest.mark.parametrize("knobs", [{"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"}],
+                         ids=["ws-cluster", "ws-last"])
+def test_chained_calls_in_one_graph(rt, ledger, rng, knobs):
+    """Three warp-specialised calls captured in one graph, each reading the previous one's
+    output as its query and the last overwriting the first one's query (the ws build is
+    launched with programmatic dependent launch: a read-after-write and a
+    write-after-read across its graph edges). The replay equals the eager sequence bitwise,
+    and the first call matches the reference."""
+    if not _wg_device(rt):
+        pytest.skip("the warp-specialised build needs an sm_90 device")
+    b, n, past, k = 4, 128, 3000, 2048
+    ins = case(rng, dtype=BF16, b=b, n=n, nkv=1, sq=1, cur=1, past=past, h=128, k=k, hi=1,
+               bias=None, idt=np.int32, mode="none")
+    nd = make_node(n, 1)
+    arrs, views = upload(rt, ins)
+    ya, yb = (DeviceArray(rt, ins[0].shape, DataType.BFLOAT16) for _ in range(2))
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    kern.plan_override = knobs
+    graph = None
+
+    def chain():
+        kern.execute(views, [ya.mut()])                                  # ya = f(q)
+        kern.execute([ya.view()] + views[1:], [yb.mut()])                # yb = f(ya)
+        kern.execute([yb.view()] + views[1:], [arrs[0].mut()])           # q = f(yb)
+
+    try:
+        chain()  # warm-up (and the plan)
+        assert kern.last_plan.entry == "is_attn_ws"
+        assert kern.last_plan.merge == knobs.get("merge", "cluster")
+        arrs[0].copy_from(ins[0])
+        for o in (ya, yb):
+            o.fill_bytes(0xFF)
+        chain()
+        eager = [ya.numpy(), yb.numpy(), arrs[0].numpy()]
+        want = reference.index_share(nd, ins)[0]
+        assert rel_fro(eager[0], want) < TOL[DataType.BFLOAT16]
+        rt.synchronize()
+        with rt.capture() as graph:
+            chain()
+        for _ in range(2):
+            arrs[0].copy_from(ins[0])
+            for o in (ya, yb):
+                o.fill_bytes(0xFF)
+            graph.replay()
+            got = [ya.numpy(), yb.numpy(), arrs[0].numpy()]
+            for e, g in zip(eager, got):
+                assert np.array_equal(e.view(np.uint16), g.view(np.uint16))
+        rt.latch.check()
+    finally:
+        del graph
+        kern.close()
+        free(arrs, [ya, yb])

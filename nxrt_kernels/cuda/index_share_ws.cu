@@ -6,7 +6,7 @@
 // min(items, SMs) CTAs and CTA c takes items c, c + gridDim.x, ... A work item is up to
 // 128 heads of one (batch, query, kv head) that share an index row (IS_MROWS = 128 rows of
 // the wgmma M dimension, two consumer warpgroups of 64) and one split of its columns, in
-// 128-key tiles: every gathered row is read once for all 128 heads.
+// tiles of IS_KT (128 or 64) keys: every gathered row is read once for all 128 heads.
 //
 // Why: the barrier-coupled is_attn_wg gathers with every thread between two __syncthreads,
 // so the copies, the index staging and the split merge stall the tensor cores. Here
@@ -36,21 +36,26 @@
 //
 // Shared memory (from a 1024-byte aligned base; index_share._ws_smem mirrors it): Q as HB
 // blocks of [128][128 B] (128-byte swizzle), NST K slots, NST V slots (HB blocks of
-// [128 keys][128 B] each), 256 bytes of mbarriers, the merge weights [128][IS_WS_MAXS + 1]
-// floats, two key slots of cps ints, two raw index slots of 16 + 8 cps bytes.
+// [KT keys][128 B] each), 256 bytes of mbarriers, the merge weights [128][IS_WS_MAXS + 1]
+// floats, two key slots of cps ints, two raw index slots of 16 + 8 cps bytes, and with
+// IS_CLUSTER the exchange inbox ((XH + 1) rows of 4 KB, 128-byte aligned).
 //
 // IS_CLUSTER (decode: one item per CTA, two splits per task): clusters of two CTAs, rank =
 // split, merge through distributed shared memory instead of global partials and an
-// arrival counter. Once a cluster barrier says both loops are done (the K/V rings are
-// free), each CTA stages the half of its unnormalised O (and its rows' m, l) that the
-// partner finishes in its own rings and sends it with bulk copies
-// (cp.async.bulk.shared::cluster) into the partner's rings, completing bytes on the
-// partner's exchange mbarrier; then all 256 consumer threads finish the CTA's own half of
-// the head size with the arithmetic of is_finish_if_last_v4 (the same bits), and a third
-// cluster barrier keeps both CTAs until both copies have landed.
+// arrival counter. As soon as a consumer warp's O is final, each thread st.asyncs the half
+// of its granules that the partner finishes, and its rows' (m, l), from registers into the
+// partner's inbox (a shared-memory region no loop uses, after the raw index slots),
+// completing bytes on the partner's exchange mbarrier; once the partner's half has landed
+// in its own inbox, it finishes its half with is_finish_if_last_v4's arithmetic (the same
+// bits). The producer leaves the index rules to the consumers there (they run while K(0)
+// streams in; one item per CTA, so the raw slot is never refilled).
 //
-// Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_NST (ring slots, 2-4: shared
-// memory allows 2 at IS_HD 128), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER.
+// The kernel is launched with programmatic dependent launch (index_share.py): it lets the
+// stream's next kernel begin launching at once and waits on griddepcontrol before its
+// first global access.
+//
+// Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
+// IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER.
 #include "index_share_mma.cuh"
 #include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
@@ -72,6 +77,9 @@
 #ifndef IS_CLUSTER
 #define IS_CLUSTER 0
 #endif
+#ifndef IS_KT
+#define IS_KT 128
+#endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
@@ -79,6 +87,7 @@
 static_assert(IS_DTYPE == 1 || IS_DTYPE == 2, "wgmma takes f16 or bf16");
 static_assert(IS_HD == 64 || IS_HD == 128, "IS_HD must be 64 or 128");
 static_assert(IS_NST >= 2 && IS_NST <= 4, "two to four ring slots");
+static_assert(IS_KT == 64 || IS_KT == 128, "tiles of 64 or 128 keys");
 static_assert(!(IS_CLUSTER && IS_Q2), "the cluster merge is for two splits; IS_Q2 for one");
 
 namespace {
@@ -87,8 +96,8 @@ constexpr int HD = IS_HD;
 constexpr int HB = HD / 64;          // 64-channel blocks per row
 constexpr int CH = HD / 8;           // 16-byte chunks per row
 constexpr int BM = 128;              // head rows per item
-constexpr int KT = 128;              // keys per tile
-constexpr int NS = KT / 2;           // S accumulators per thread (64 rows x 128 keys per WG)
+constexpr int KT = IS_KT;            // keys per tile
+constexpr int NS = KT / 2;           // S accumulators per thread (64 rows x KT keys per WG)
 constexpr int NST = IS_NST;
 constexpr int NTP = 128;             // producer threads
 constexpr int NT = 3 * NTP;
@@ -113,10 +122,8 @@ static_assert(RSTEP % 8 == 0, "a producer thread's rows share one swizzled chunk
 static_assert(OFF_KEY % 16 == 0 && QBLK % 1024 == 0 && TBLK % 1024 == 0, "alignment");
 static_assert(OFF_KEY <= 232448, "more than the 227 KiB of opt-in shared memory per block");
 // IS_CLUSTER: granule rows (float4 per consumer thread) of the exchange, see the merge.
-constexpr int XH = 4 * HB;             // rows of O a consumer thread sends its partner
-constexpr int XR = XH + 1, XS = 2 * XH + 1;
-constexpr int XW_OFF = (3 * XH + 2) * 4096;     // the merge weights, float4 per item row
-static_assert(XW_OFF + BM * 16 <= 2 * NST * T_BYTES, "the cluster exchange fits the rings");
+constexpr int XH = 4 * HB;               // rows of O a consumer thread sends its partner
+constexpr int X_INBOX = (XH + 1) * 4096;  // the partner's rows (a region of its own)
 
 // mbarriers (8 bytes each): keys full and keys empty per key slot, K full, V full, K empty
 // and V empty per ring slot, then Q full and Q empty per Q slot.
@@ -165,13 +172,13 @@ __device__ __forceinline__ int ws_warp_min(int v) {
 
 #if IS_CLUSTER
 // mapa and the cluster barrier halves: common.cuh's nxrt::cluster_* (included above).
-// `bytes` (a multiple of 16) from this CTA's shared memory at `src` to another CTA's at `dst`
-// (an address from cluster_mapa), completing them on that CTA's mbarrier `rbar`.
-__device__ __forceinline__ void ws_bulk_to_cluster(unsigned dst, unsigned src, unsigned bytes,
-                                                   unsigned rbar) {
+// 16 bytes into another CTA's shared memory (an address from cluster_mapa), completing them
+// on that CTA's mbarrier `rbar` (also an address from cluster_mapa).
+__device__ __forceinline__ void ws_st_async4(unsigned a, float x, float y, float z, float w,
+                                             unsigned rbar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(dst), "r"(src), "r"(bytes), "r"(rbar)
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+      ::"r"(a), "f"(x), "f"(y), "f"(z), "f"(w), "r"(rbar)
       : "memory");
 }
 __device__ __forceinline__ void ws_mbar_expect_tx(unsigned bar, unsigned bytes) {
@@ -179,6 +186,19 @@ __device__ __forceinline__ void ws_mbar_expect_tx(unsigned bar, unsigned bytes) 
                : "memory");
 }
 #endif
+
+// Raw index column i of a landed slot (element 16 + i * esz; i = -1 is the column before
+// the split), and is_stage_keys' rules for column `col` = c_begin + i with value v.
+__device__ __forceinline__ long long ws_raw_at(const unsigned char* raw, bool idx64, int i) {
+  return idx64 ? reinterpret_cast<const long long*>(raw)[i]
+               : (long long)reinterpret_cast<const int*>(raw)[i];
+}
+__device__ __forceinline__ bool ws_col_bad(const unsigned char* raw, bool idx64, int i, int col,
+                                           long long v, int vbound) {
+  const long long prev = col > 0 ? ws_raw_at(raw, idx64, i - 1) : -1;
+  return v < -1 || (col == 0 && v == -1) ||
+         (v != -1 && (v >= (long long)vbound || (col > 0 && (prev == -1 || v <= prev))));
+}
 
 // One arrival per warp on an "empty" mbarrier (after the warp's reads of the slot).
 __device__ __forceinline__ void ws_release(unsigned bar, int lane) {
@@ -197,12 +217,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
   // Keys and raw index slots follow the fixed layout; cps sizes them.
   const int key_bytes = 2 * cps * 4;
   const int raw_slot = 16 + (IS_Q2 ? 4 : 8) * cps;  // IS_Q2: int32 indices only
+  // IS_CLUSTER: the exchange inbox (X_INBOX bytes) after the raw slots, 128-byte aligned.
+  const int xin_off = (OFF_KEY + key_bytes + 2 * raw_slot + 127) & ~127;
   {
     unsigned dyn;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
     // A short launch would write past the end; another block shape would hang the
     // barriers; more splits than the merge weights hold would overrun them: return at once.
-    if ((long long)dyn < 1024LL + OFF_KEY + key_bytes + 2LL * raw_slot ||
+    if ((long long)dyn < 1024LL + (IS_CLUSTER ? xin_off + X_INBOX : OFF_KEY + key_bytes + 2 * raw_slot) ||
         blockDim.x != (unsigned)NT || blockDim.y != 1u || blockDim.z != 1u ||
         S > (IS_Q2 ? 1 : IS_WS_MAXS) || (IS_Q2 && idx64))
       return;
@@ -269,6 +291,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #endif
   }
   __syncthreads();  // the last CTA-wide barrier
+  // Programmatic dependent launch (index_share launches this kernel with it; both are
+  // no-ops otherwise): the stream's next kernel may begin launching now, and nothing of
+  // global memory is touched until the previous kernel has completed and its writes are
+  // visible. Only the set-up above (shared memory, mbarriers) overlaps that kernel's end.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #if IS_CLUSTER
   nxrt::cluster_arrive_relaxed();  // phase 1: the exchange mbarrier is initialised (waited below)
 #endif
@@ -329,14 +357,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       named_bar_sync(BAR_PROD, NTP);
       const int c_begin = t.s * cps;
       const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
-      const int vbound = (latch && valid_len) ? valid_len[t.b] : bound;
       const unsigned char* raw = s_raw + slot * raw_slot + 16;
       int* keys = s_keys + slot * cps;
       int live = 0, fneg = 1 << 30;
       bool bad = false;
+      // While capturing, the rules run here, or (IS_CLUSTER: one item per CTA, so the raw
+      // slot is never refilled) in the consumers while they wait for K(0), off this path.
+      const bool check = latch && !IS_CLUSTER;
+      const int vbound = (check && valid_len) ? valid_len[t.b] : bound;
       for (int i = p; i < ncols; i += NTP) {
-        const long long v = idx64 ? reinterpret_cast<const long long*>(raw)[i]
-                                  : (long long)reinterpret_cast<const int*>(raw)[i];
+        const long long v = ws_raw_at(raw, idx64, i);
         int key = -1;
         if (v >= 0) {
           key = v < (long long)bound ? (int)v : bound - 1;
@@ -345,15 +375,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
           fneg = is_imin(fneg, i);
         }
         keys[i] = key;
-        if (latch) {
-          const int col = c_begin + i;
-          long long prev = -1;
-          if (col > 0)
-            prev = idx64 ? reinterpret_cast<const long long*>(raw)[i - 1]
-                         : (long long)reinterpret_cast<const int*>(raw)[i - 1];
-          bad = bad || v < -1 || (col == 0 && v == -1) ||
-                (v != -1 && (v >= (long long)vbound || (col > 0 && (prev == -1 || v <= prev))));
-        }
+        if (check) bad = bad || ws_col_bad(raw, idx64, i, c_begin + i, v, vbound);
       }
       // Pad to whole tiles (cps is a multiple of KT): the consumers read keys without a
       // bound check.
@@ -426,11 +448,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     is_cp_async_commit();
     is_cp_async_wait(0);
 #if IS_CLUSTER
-    nxrt::cluster_wait();  // the consumers' exchange (every thread of the cluster takes part)
-    nxrt::cluster_arrive_release();  // this thread's ring copies, before the partner's writes
-    nxrt::cluster_wait();
-    nxrt::cluster_arrive_relaxed();  // phase 3: both exchanges done (the consumers' merge)
-    nxrt::cluster_wait();
+    nxrt::cluster_wait();  // phase 1 (every thread of the cluster takes part)
 #endif
     return;
   }
@@ -454,6 +472,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const int qslot = qn % QS;
     const unsigned qa = qa0 + qslot * Q_BYTES;
     mbar_wait(bar_keys(bars, slot), (qn >> 1) & 1);
+#if IS_CLUSTER
+    if (latch) {
+      // The index rules (the producer only clamped): 256 threads, while K(0) streams in.
+      const unsigned char* raw = s_raw + slot * raw_slot + 16;
+      const int c_begin = t.s * cps;
+      const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+      const int vbound = valid_len ? valid_len[t.b] : bound;
+      bool bad = false;
+      for (int i = ctid; i < ncols; i += 2 * NTP)
+        bad = bad || ws_col_bad(raw, idx64, i, c_begin + i, ws_raw_at(raw, idx64, i), vbound);
+      if (bad) atomicOr(latch, IS_LATCH_BIT);
+    }
+#endif
     const int live = s_meta[slot][0];
     const bool hole = s_meta[slot][1] != 0;
     const int* keys = s_keys + slot * cps;
@@ -483,7 +514,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       for (int ks = 0; ks < HD / 16; ++ks) {
         const unsigned qoff = (ks >> 2) * QBLK + (ks & 3) * 32;
         const unsigned koff = (ks >> 2) * TBLK + (ks & 3) * 32;
+#if IS_KT == 128
         wg_ss128(s, dq + (qoff >> 4), dk + (koff >> 4), ks > 0 ? 1 : 0);
+#else
+        wg_ss(s, dq + (qoff >> 4), dk + (koff >> 4), ks > 0 ? 1 : 0);
+#endif
       }
     };
     auto issue_pv = [&](int st) {
@@ -635,103 +670,109 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     ++qn;
 
 #if IS_CLUSTER
-    // ---- The split merge with the partner CTA (rank = split; see the header). Exchange
-    // buffer in the K and V rings: float4 granule rows of 256, thread ctid's granule of row
-    // k at byte 16 (256 k + ctid) (its O values of rows g, g + 8 and two adjacent columns):
-    //   rows 0 .. XH - 1, XH: the partner's half of O that this CTA finishes, and the
-    //     partner's (m0, m1, L0, L1) per thread (landed by the partner's bulk copy);
-    //   rows XR .. XR + XH - 1: this thread's own half (XR = XH + 1);
-    //   rows XS .. XS + XH: what this CTA sends, in the partner's layout (XS = 2 XH + 1);
-    // then the merge weights (a0, a1, 1 / L) per item row (XW_OFF).
-    {
+    // ---- The split merge with the partner CTA (rank = split; see the header). Each thread
+    // owns float4 granules of O (J = 0 .. 8 HB - 1: rows g, g + 8 of its warp's slab, two
+    // adjacent columns of block J); granules J / XH == rank are the half this CTA finishes.
+    // The other half and the thread's (m0, m1, L0, L1) go straight from registers to the
+    // partner's inbox by st.async (granule row k of thread ctid at byte 16 (256 k + ctid)),
+    // completing bytes on its exchange mbarrier. The inbox is a region no loop uses, so
+    // each warp sends as soon as its own O is final, and the thread with the same ctid in
+    // the partner (the same rows and columns) finishes from its registers and the inbox.
+    nxrt::cluster_wait();  // phase 1: the partner's exchange mbarrier is initialised
+    if (active) {
       const float Lq[2] = {is_quad_sum(l_run[0]), is_quad_sum(l_run[1])};
-      static_assert(OFF_V == OFF_K + NST * T_BYTES, "the rings are contiguous");
-      const unsigned xbase = sbase + OFF_K;
-      const float4* xg = reinterpret_cast<const float4*>(smem + OFF_K);
-      float4* xloc = reinterpret_cast<float4*>(smem + OFF_K) + ctid;
-      float4* xw = reinterpret_cast<float4*>(smem + OFF_K + XW_OFF);
-      nxrt::cluster_wait();  // phase 1 (the partner's exchange mbarrier is initialised)
-      // Rows carry 16 bytes per consumer thread of the active warpgroups (the first half
-      // of each row when the item has at most 64 heads): nsrc threads, XH + 1 rows.
-      const int nsrc = t.nh > 64 ? 2 * NTP : NTP;
-      const unsigned row_bytes = 16u * (unsigned)nsrc;
-      if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), (XH + 1) * row_bytes);
-      // Phase 2: both CTAs' rings are read (release: those reads before the partner's writes).
-      nxrt::cluster_arrive_release();
-      nxrt::cluster_wait();
-      if (active) {
+      const int nsrc = t.nh > 64 ? 2 * NTP : NTP;  // threads that send (active warpgroups)
+      if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), (XH + 1) * 16u * (unsigned)nsrc);
+      {
+        const unsigned peer = (unsigned)(cl_rank ^ 1);
+        const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
+        const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
+        // (Unrolled over every granule, so the register indices are constants.)
 #pragma unroll
         for (int J = 0; J < 8 * HB; ++J) {
           const float* v = &o[J >> 3][4 * (J & 7)];
-          // The half this CTA finishes to its own rows, the other to the send rows.
-          xloc[256 * ((J / XH == cl_rank ? XR : XS) + J % XH)] = make_float4(v[0], v[1], v[2], v[3]);
+          if (J / XH != cl_rank) ws_st_async4(rx + 4096u * (J % XH), v[0], v[1], v[2], v[3], rbar);
         }
-        xloc[256 * (XS + XH)] = make_float4(m_run[0], m_run[1], Lq[0], Lq[1]);
+        ws_st_async4(rx + 4096u * XH, m_run[0], m_run[1], Lq[0], Lq[1], rbar);
       }
-      // The send rows, written by the generic proxy, go out by bulk copies (async proxy)
-      // into the partner's rows 0 .. XH: a few large transfers instead of 16-byte remote
-      // stores that each completed bytes on the partner's mbarrier.
-      fence_proxy_async();
-      named_bar_sync(BAR_CONS, 2 * NTP);
-      if (ctid <= XH) {  // one copy per row, from XH + 1 threads
-        const unsigned off = 4096u * (unsigned)ctid;
-        ws_bulk_to_cluster(nxrt::cluster_mapa(xbase + off, (unsigned)(cl_rank ^ 1)),
-                           xbase + 4096u * XS + off, row_bytes,
-                           nxrt::cluster_mapa(bar_xch(bars), (unsigned)(cl_rank ^ 1)));
+      const float4* xi = reinterpret_cast<const float4*>(smem + xin_off) + ctid;
+      mbar_wait(bar_xch(bars), 0);  // the partner's granules landed in the inbox
+      const float4 pml = xi[256 * XH];
+      const float mo[2] = {pml.x, pml.y}, lo[2] = {pml.z, pml.w};
+      float w0[2], w1[2], wl[2], wi[2];
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        // is_finish_if_last_v4's weights and normaliser, split 0 first.
+        const float m0 = cl_rank == 0 ? m_run[x] : mo[x], m1 = cl_rank == 0 ? mo[x] : m_run[x];
+        const float l0 = cl_rank == 0 ? Lq[x] : lo[x], l1 = cl_rank == 0 ? lo[x] : Lq[x];
+        const float M = fmaxf(fmaxf(is_neg_inf(), m0), m1);
+        float a0 = 0.f, a1 = 0.f, L = 0.f;
+        if (M != is_neg_inf()) {
+          a0 = exp2f(m0 - M);
+          L = __fmaf_rn(l0, a0, L);
+          a1 = exp2f(m1 - M);
+          L = __fmaf_rn(l1, a1, L);
+        }
+        w0[x] = a0;
+        w1[x] = a1;
+        wl[x] = L;
+        wi[x] = is_recip(L);
       }
-      mbar_wait(bar_xch(bars), 0);  // the partner's rows landed in our rows 0 .. XH
-      if (active && tq == 0) {
-        const float4 pml = xloc[256 * XH];
-        const float mo[2] = {pml.x, pml.y}, lo[2] = {pml.z, pml.w};
+      // O = (o0 a0 + o1 a1) / L as is_finish_if_last_v4 rounds it (explicit FMAs, then
+      // times 1 / L): the same bits as every other merge of the plan. out[c][x]: the bf16
+      // pair of row g + 8 x, columns 8 (rank XH + c) + 2 tq + {0, 1}.
+      unsigned out[XH][2];
+#pragma unroll
+      for (int J = 0; J < 8 * HB; ++J) {
+        if (J / XH != cl_rank) continue;
+        const int c = J % XH;
+        const float* v = &o[J >> 3][4 * (J & 7)];
+        const float4 ot = xi[256 * c];
+        const float own4[4] = {v[0], v[1], v[2], v[3]}, oth4[4] = {ot.x, ot.y, ot.z, ot.w};
 #pragma unroll
         for (int x = 0; x < 2; ++x) {
-          // is_finish_if_last_v4's weights and normaliser, split 0 first.
-          const float m0 = cl_rank == 0 ? m_run[x] : mo[x], m1 = cl_rank == 0 ? mo[x] : m_run[x];
-          const float l0 = cl_rank == 0 ? Lq[x] : lo[x], l1 = cl_rank == 0 ? lo[x] : Lq[x];
-          const float M = fmaxf(fmaxf(is_neg_inf(), m0), m1);
-          float a0 = 0.f, a1 = 0.f, L = 0.f;
-          if (M != is_neg_inf()) {
-            a0 = exp2f(m0 - M);
-            L = __fmaf_rn(l0, a0, L);
-            a1 = exp2f(m1 - M);
-            L = __fmaf_rn(l1, a1, L);
+          const float* p0 = cl_rank == 0 ? own4 : oth4;
+          const float* p1 = cl_rank == 0 ? oth4 : own4;
+          const float ea = __fmaf_rn(p1[2 * x], w1[x], __fmaf_rn(p0[2 * x], w0[x], 0.f));
+          const float eb = __fmaf_rn(p1[2 * x + 1], w1[x], __fmaf_rn(p0[2 * x + 1], w0[x], 0.f));
+          out[c][x] = is_pack2(is_norm(ea, wl[x], wi[x]), is_norm(eb, wl[x], wi[x]));
+        }
+      }
+      const long long yrow0 = (t.b * N + t.h0 + row0 - g) * (long long)Sq + t.qi;  // warp row 0
+      if (pp) {
+        // Both warpgroups store (twice the stores of 64 heads, where 4-byte pieces of 8 rows
+        // per instruction cost more than a shared-memory round trip, H200): the warp's own
+        // inbox slots (rows 0 .. 3 of its 32 columns, read above) stage its 16 rows x XH
+        // 16-byte chunks, chunk c of row r at unit r XH + (c ^ (r % XH)) (conflict-free
+        // writes), and go out as whole 16-byte chunks of consecutive columns.
+        __syncwarp();
+        unsigned* stage = reinterpret_cast<unsigned*>(smem + xin_off) + 4 * 32 * (ctid >> 5);
+        auto unit = [&](int u) { return 4 * (256 * (u >> 5) + (u & 31)); };  // in words
+#pragma unroll
+        for (int c = 0; c < XH; ++c)
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            const int r = g + 8 * x;
+            stage[unit(r * XH + (c ^ (r % XH))) + tq] = out[c][x];
           }
-          xw[row0 + 8 * x] = make_float4(a0, a1, is_recip(L), L);
-        }
-      }
-      named_bar_sync(BAR_CONS, 2 * NTP);
-      // This CTA's half of the head size, spread over all 256 consumer threads: granule
-      // (source thread sc, block jj) holds rows g, g + 8 of sc's warp slab, dimensions
-      // 8 J + 2 tq + {0, 1} (J = cl_rank XH + jj). O = (o0 a0 + o1 a1) / L as
-      // is_finish_if_last_v4 rounds it (explicit FMAs, then times 1 / L).
-      const int sc = ctid % nsrc;
-      const int srow = 64 * (sc >> 7) + 16 * ((sc >> 5) & 3) + ((sc & 31) >> 2);
-      const int stq = sc & 3;
-      const float4 w0 = xw[srow], w1 = xw[srow + 8];
-      const long long yrow0 = (t.b * N + t.h0 + srow) * (long long)Sq + t.qi;
-#pragma unroll 2
-      for (int jj = ctid / nsrc; jj < XH; jj += 2 * NTP / nsrc) {
-        const float4 own = xg[256 * (XR + jj) + sc], oth = xg[256 * jj + sc];
-        const float4 s0 = cl_rank == 0 ? own : oth, s1 = cl_rank == 0 ? oth : own;
-        const int J = cl_rank * XH + jj;
+        __syncwarp();
 #pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const float4 w = x ? w1 : w0;
-          const float p0a = x ? s0.z : s0.x, p0b = x ? s0.w : s0.y;
-          const float p1a = x ? s1.z : s1.x, p1b = x ? s1.w : s1.y;
-          const float ea = __fmaf_rn(p1a, w.y, __fmaf_rn(p0a, w.x, 0.f));
-          const float eb = __fmaf_rn(p1b, w.y, __fmaf_rn(p0b, w.x, 0.f));
-          if (srow + 8 * x < t.nh)
-            *reinterpret_cast<unsigned*>(y + (yrow0 + 8 * x * (long long)Sq) * HD + 8 * J +
-                                         2 * stq) = is_pack2(is_norm(ea, w.w, w.z),
-                                                             is_norm(eb, w.w, w.z));
+        for (int k = 0; k < 16 * XH / 32; ++k) {
+          const int u = lane + 32 * k, r = u / XH, c = (u % XH) ^ (r % XH);
+          const uint4 val = *reinterpret_cast<const uint4*>(stage + unit(u));
+          if (row0 - g + r < t.nh)
+            *reinterpret_cast<uint4*>(y + (yrow0 + r * (long long)Sq) * HD +
+                                      8 * (cl_rank * XH + c)) = val;
         }
+      } else {
+#pragma unroll
+        for (int c = 0; c < XH; ++c)
+#pragma unroll
+          for (int x = 0; x < 2; ++x)
+            if (row0 + 8 * x < t.nh)
+              *reinterpret_cast<unsigned*>(y + (yrow0 + (g + 8 * x) * (long long)Sq) * HD +
+                                           8 * (cl_rank * XH + c) + 2 * tq) = out[c][x];
       }
-      // Our bulk copies' completion is visible only on the partner's mbarrier: phase 3
-      // waits for the partner's wait, so both CTAs (and their shared memory) stay until both
-      // exchanges are done.
-      nxrt::cluster_arrive_relaxed();
-      nxrt::cluster_wait();
     }
     (void)part_o;
     (void)part_ml;
