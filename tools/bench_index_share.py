@@ -177,7 +177,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     if path == "mma":
         words = [f"mma{kn['wm']}x{kn['wn']}", f"st{kn['stages']}", f"S{kn['splits']}{kn['merge']}"]
     elif path == "wg" and kn.get("ws"):
-        words = ["ws128", *(["q2"] if kn["q2"] else []), f"{kn['ctas']}CTAs",
+        words = ["ws128", *([f"kt{kn['kt']}"] if kn.get("kt", 128) != 128 else []),
+                 *(["q2"] if kn["q2"] else []), f"{kn['ctas']}CTAs",
                  f"S{kn['splits']}{kn['merge']}"]
     elif path == "wg":
         words = [f"wg{kn['wgs']}x{kn['mrows']}", *(["qreg"] if kn["qreg"] else []),
