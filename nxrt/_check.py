@@ -120,8 +120,9 @@ class FastDriver:
                         ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
 
         class LaunchAttribute(ctypes.Structure):  # CUlaunchAttribute: id, pad, 64-byte value
-            _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_int),
-                        ("rest", ctypes.c_char * 60)]
+            # (the value union is 8-byte aligned; its first int is the flag set here)
+            _fields_ = [("id", ctypes.c_uint), ("pad", ctypes.c_uint), ("value", ctypes.c_uint64),
+                        ("rest", ctypes.c_char * 56)]
 
         lib = (ctypes.PyDLL if hold_gil else ctypes.CDLL)("libcuda.so.1")
         self._launch = lib.cuLaunchKernelEx

@@ -145,15 +145,15 @@ _DEFAULT_PIPE = 2
 WS_SLOTS = {64: 4, 128: 2}
 WS_MAX_SPLITS = 8
 _WS_KT = 128  # keys per tile (and the column alignment of its splits)
-#: Keys per tile of the ws build (knob ``kt``): 128, or 64 (twice the ring slots, the same
-#: bytes; at most four slots). 64 is the default for two-CTA-cluster decode items of more
-#: than 64 heads at head size 128 (H200: decode N128 27.4-27.5 vs 28.2-28.8 us); N64 stays
-#: at 128 (26.2-26.8 us either way).
+#: Keys per tile of the ws build (knob ``kt``): 128, or 64 (at head size 128 twice the ring
+#: slots in the same bytes; at 64 the slots stay at four, half the bytes). 64 is the default
+#: for two-CTA-cluster decode items of more than 64 heads at head size 128 (H200: decode
+#: N128 27.4-27.5 vs 28.2-28.8 us); N64 stays at 128 (26.2-26.8 us either way).
 WS_KTS = (64, 128)
 
 
 def _ws_nst(hd: int, kt: int) -> int:
-    """Ring slots of the ws build: the same bytes as WS_SLOTS at 128-key tiles, at most 4."""
+    """Ring slots of the ws build: WS_SLOTS' bytes at 128-key tiles, capped at 4 slots."""
     return min(4, WS_SLOTS[hd] * _WS_KT // kt)
 
 
@@ -583,20 +583,24 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # cluster and merge through distributed shared memory (no partials, no counter).
         # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
         # resident at once; a larger grid would still be correct, in more than one wave.
+        # (The cluster build's tiles: 64 keys for items of more than 64 heads at head size
+        # 128 unless pinned, see WS_KTS.)
+        ckt = _WS_KT
+        if ws:
+            ckt = kt if ("kt" in knobs or h != 128 or g.group <= 64) else 64
         cluster_ok = (ws and splits == 2 and tasks * splits <= min(sm_count, cap)
-                      and _ws_smem(h, cps, 0, 1) <= smem_max)
+                      and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
         merge = str(knobs.get("merge", "cluster" if cluster_ok else "last"))
         if merge not in ("last", "kernel", "cluster"):
             raise KernelError(f"{OP}: merge={merge!r} must be 'last', 'kernel' or 'cluster'")
         if merge == "cluster" and not cluster_ok:
             raise KernelError(f"{OP}: merge='cluster' needs the warp-specialised build (ws=1), "
                               f"two splits, one work item per CTA (at most {min(sm_count, cap)}) "
-                              f"and {_ws_smem(h, cps, 0, 1)} bytes of shared memory; this plan "
+                              f"and {_ws_smem(h, cps, 0, 1, ckt)} bytes of shared memory; this plan "
                               f"has ws={ws}, {splits} splits, {tasks * splits} items, a device "
                               f"limit of {smem_max}")
         if merge == "cluster":
-            if "kt" not in knobs and h == 128 and g.group > 64:
-                kt = 64  # (WS_KTS: decode items of more than 64 heads)
+            kt = ckt
             variant = _ws_variant(dt, h, 0, 1, kt)
             smem = _ws_smem(h, cps, 0, 1, kt)
             stages = _ws_nst(h, kt)

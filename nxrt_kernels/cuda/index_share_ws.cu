@@ -148,8 +148,8 @@ __device__ __forceinline__ unsigned bar_xch(unsigned b) { return b + 8 * (8 + 4 
 static_assert(8 * (9 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
 
 constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
-#if !IS_Q2
-constexpr int BAR_CONS = 3;              // the 256 consumer threads (split merges)
+#if !IS_Q2 && !IS_CLUSTER
+constexpr int BAR_CONS = 3;              // the 256 consumer threads (the last-arrival merge)
 #endif
 constexpr int BAR_PROD = 4;              // the 128 producer threads
 
@@ -532,9 +532,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #endif
       }
     };
-    // Online softmax of tile `tile` in place (is_attn_wg's arithmetic over 128 keys): raw
+    // Online softmax of tile `tile` in place (is_attn_wg's arithmetic over KT keys): raw
     // scores become P = 2^(logit - m); m_run, l_run advance; corr is O's factor.
-    // s[4 j + e] is column 128 tile + 8 j + 2 tq + (e & 1) of row x = e >> 1.
+    // s[4 j + e] is column KT tile + 8 j + 2 tq + (e & 1) of row x = e >> 1.
     auto softmax = [&](int tile) {
       const int kc = tile * KT;
       float tmax[2] = {is_neg_inf(), is_neg_inf()};
@@ -696,7 +696,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         ws_st_async4(rx + 4096u * XH, m_run[0], m_run[1], Lq[0], Lq[1], rbar);
       }
       const float4* xi = reinterpret_cast<const float4*>(smem + xin_off) + ctid;
-      mbar_wait(bar_xch(bars), 0);  // the partner's granules landed in the inbox
+      // The partner's granules landed in the inbox. (A CTA leaves only after this wait, so
+      // no CTA exits while its partner still writes into it; the sender's st.asyncs come
+      // from registers, so it may leave with its own in flight.)
+      mbar_wait(bar_xch(bars), 0);
       const float4 pml = xi[256 * XH];
       const float mo[2] = {pml.x, pml.y}, lo[2] = {pml.z, pml.w};
       float w0[2], w1[2], wl[2], wi[2];
@@ -742,9 +745,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       if (pp) {
         // Both warpgroups store (twice the stores of 64 heads, where 4-byte pieces of 8 rows
         // per instruction cost more than a shared-memory round trip, H200): the warp's own
-        // inbox slots (rows 0 .. 3 of its 32 columns, read above) stage its 16 rows x XH
-        // 16-byte chunks, chunk c of row r at unit r XH + (c ^ (r % XH)) (conflict-free
-        // writes), and go out as whole 16-byte chunks of consecutive columns.
+        // inbox slots (rows 0 .. XH / 2 - 1 of its 32 columns, read above) stage its 16 rows
+        // x XH 16-byte chunks, chunk c of row r at unit r XH + (c ^ (r % XH)) (conflict-free
+        // writes at XH 8, two-way at XH 4), and go out as whole 16-byte chunks of
+        // consecutive columns.
         __syncwarp();
         unsigned* stage = reinterpret_cast<unsigned*>(smem + xin_off) + 4 * 32 * (ctid >> 5);
         auto unit = [&](int u) { return 4 * (256 * (u >> 5) + (u & 31)); };  // in words
