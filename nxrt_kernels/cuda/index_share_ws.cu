@@ -223,15 +223,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     unsigned dyn;
     asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(dyn));
     // A short launch would write past the end; another block shape would hang the
-    // barriers; more splits than the merge weights hold would overrun them: return at once.
-    if ((long long)dyn < 1024LL + (IS_CLUSTER ? xin_off + X_INBOX : OFF_KEY + key_bytes + 2 * raw_slot) ||
-        blockDim.x != (unsigned)NT || blockDim.y != 1u || blockDim.z != 1u ||
-        S > (IS_Q2 ? 1 : IS_WS_MAXS) || (IS_Q2 && idx64))
-      return;
+    // barriers; more splits than the merge weights hold would overrun them: return at once
+    // (after the programmatic wait below, so that even such a grid completes only after
+    // its predecessor, as a kernel launched programmatically after it assumes).
+    bool refuse = (long long)dyn < 1024LL + (IS_CLUSTER ? xin_off + X_INBOX
+                                                         : OFF_KEY + key_bytes + 2 * raw_slot) ||
+                  blockDim.x != (unsigned)NT || blockDim.y != 1u || blockDim.z != 1u ||
+                  S > (IS_Q2 ? 1 : IS_WS_MAXS) || (IS_Q2 && idx64);
 #if IS_CLUSTER
     // One item per CTA, the two splits of a task in one cluster (uniform: both CTAs leave).
-    if (S != 2 || (int)gridDim.x != items || (items & 1)) return;
+    refuse = refuse || S != 2 || (int)gridDim.x != items || (items & 1);
 #endif
+    if (refuse) {
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+      return;
+    }
   }
   unsigned char* smem = smem_raw + ((1024u - (ws_smem_u32(smem_raw) & 1023u)) & 1023u);
   const unsigned sbase = ws_smem_u32(smem);
