@@ -67,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(128) is_attn_simt(IS_ATTN_PARAMS) {
   const long long bh = t.b * Nkv + t.kvh;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int c_begin = t.s * cps;
-  const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+  const int ncols = is_split_cols(K, c_begin, cps);
   const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K;
   const int vbound = (latch && valid_len) ? valid_len[t.b] : bound;
   const int live = is_stage_keys(idx, irow, idx64, c_begin, ncols, bound, s_key, &s_live, latch,

@@ -59,6 +59,10 @@ __device__ __forceinline__ long long is_load_index(const void* idx, long long i,
 
 __device__ __forceinline__ int is_imin(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ int is_imax(int a, int b) { return a > b ? a : b; }
+// Columns of the split starting at c_begin (cps per split) that lie in a row of K.
+__device__ __forceinline__ int is_split_cols(int K, int c_begin, int cps) {
+  return is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+}
 
 // Warp max of an int (all 32 lanes take part).
 __device__ __forceinline__ int is_warp_max(int v) {

@@ -149,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(IS_THREADS, IS_MINB) is_attn_wg(IS_
   is_cp_async_commit();
 
   const int c_begin = t.s * cps;
-  const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+  const int ncols = is_split_cols(K, c_begin, cps);
   const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K;
   const int vbound = (latch && valid_len) ? valid_len[t.b] : bound;
   if (tid == 0) s_hole = 0;  // ordered before the writes below by the staging's first barrier

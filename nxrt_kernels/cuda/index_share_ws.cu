@@ -318,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     auto fetch_index = [&](int item, int slot) {
       const IsTask t = task_of(item);
       const int c_begin = t.s * cps;
-      const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+      const int ncols = is_split_cols(K, c_begin, cps);
       const long long irow = ((t.b * HI + t.ih) * (long long)Sq + t.qi) * K + c_begin;
       const unsigned dst = ws_smem_u32(s_raw + slot * raw_slot) + 16;
       for (int i = p - (c_begin > 0 ? 1 : 0); i < ncols; i += NTP) {
@@ -362,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       if (qn >= 2) mbar_wait(bar_keysempty(bars, slot), ((qn - 2) >> 1) & 1);
       named_bar_sync(BAR_PROD, NTP);
       const int c_begin = t.s * cps;
-      const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+      const int ncols = is_split_cols(K, c_begin, cps);
       const unsigned char* raw = s_raw + slot * raw_slot + 16;
       int* keys = s_keys + slot * cps;
       int live = 0, fneg = 1 << 30;
@@ -483,7 +483,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // The index rules (the producer only clamped): 256 threads, while K(0) streams in.
       const unsigned char* raw = s_raw + slot * raw_slot + 16;
       const int c_begin = t.s * cps;
-      const int ncols = is_imax(is_imin(K, c_begin + cps) - c_begin, 0);
+      const int ncols = is_split_cols(K, c_begin, cps);
       const int vbound = valid_len ? valid_len[t.b] : bound;
       bool bad = false;
       for (int i = ctid; i < ncols; i += 2 * NTP)
