@@ -200,6 +200,15 @@ __device__ __forceinline__ bool ws_col_bad(const unsigned char* raw, bool idx64,
          (v != -1 && (v >= (long long)vbound || (col > 0 && (prev == -1 || v <= prev))));
 }
 
+#if IS_CLUSTER
+// is_cp_async16_s with an L2 cache policy (from createpolicy).
+__device__ __forceinline__ void ws_cp_async16_evict_first(unsigned dst, const void* src,
+                                                          int nbytes, unsigned long long pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(nbytes), "l"(pol));
+}
+#endif
+
 // One arrival per warp on an "empty" mbarrier (after the warp's reads of the slot).
 __device__ __forceinline__ void ws_release(unsigned bar, int lane) {
   __syncwarp();
@@ -410,6 +419,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const long long bh = t.b * Nkv + t.kvh;
       const long long base0 = bh * (long long)len0, base1 = bh * (long long)len1 - len0;
       const int ntiles = (live + KT - 1) / KT;
+#if IS_CLUSTER
+      // Decode reads each gathered row once per call: an evict-first L2 policy lets the
+      // rows leave L2 before other lines (H200: decode 0.5-1 us faster, NOTES round 9).
+      unsigned long long evict_first;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
+#endif
       auto fill = [&](unsigned full, unsigned empty, int gi, unsigned ring, int tile,
                       const is_t* p0, const is_t* p1, const is_t* zero) {
         const int st = gi % NST, u = gi / NST;
@@ -426,7 +441,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int k = 0; k < RPT; ++k) {
           const bool ok = kj[k] >= 0;
           const is_t* src = ok ? (kj[k] >= len0 ? p1 : p0) + (long long)kj[k] * HD : zero;
+#if IS_CLUSTER
+          ws_cp_async16_evict_first(d + k * RSTEP * 128, src, ok ? 16 : 0, evict_first);
+#else
           is_cp_async16_s(d + k * RSTEP * 128, src, ok ? 16 : 0);
+#endif
         }
         cp_async_mbar_arrive(full + 8 * st);
       };
