@@ -19,6 +19,7 @@
 //     2. K(0) of the item (it streams in while the consumers finish the previous item);
 //     3. Q, once the consumers released the Q slot's previous item ("Q empty", when its
 //        last S GEMM retired; with IS_Q2 two Q slots, so Q(n + 1) loads under item n);
+//        the first item's Q under its index fetch (IS_CLUSTER: after it, see step 1);
 //     4. the next item's index columns (cp.async, one commit group);
 //     5. K(it + 1), V(it) for every tile into NST-slot rings guarded by full/empty
 //        mbarriers (cp.async.mbarrier.arrive.noinc; rows by 16-byte cp.async from the keys).
@@ -356,9 +357,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     int gt = 0, qn = 0;  // ring tiles and items issued so far
     if (n_rounds > 0 && item_at(0) < items) {
       fetch_index(item_at(0), 0);
+#if !IS_CLUSTER
       // The first item's Q does not depend on its indices: it loads under their fetch
       // (after the commit, so the index wait below does not wait for it).
       load_q(task_of(item_at(0)), 0);
+#endif
     }
     for (int r = 0; r < n_rounds; ++r) {
       const int item = item_at(r);
@@ -368,6 +371,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // 1. Keys: this item's raw columns landed for every producer thread, and the
       // consumers are done with the key slot's previous item (n - 2).
       is_cp_async_wait(0);
+#if IS_CLUSTER
+      // The CTA's one item: its index columns had the memory system to themselves (with Q
+      // beside them they landed ~0.6 us later, H200 trace). 128 heads of Q (twice a 64-key
+      // K tile) go now, under the key staging; 64 heads after K(0)'s gathers (NOTES round 9).
+      if (t.nh > 64) load_q(t, qn);
+#endif
       if (qn >= 2) mbar_wait(bar_keysempty(bars, slot), ((qn - 2) >> 1) & 1);
       named_bar_sync(BAR_PROD, NTP);
       const int c_begin = t.s * cps;
@@ -455,8 +464,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const is_t* vp1 = v1 + base1 * HD + c * 8;
       // 2. K(0).
       if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1, k0);
-      // 3. Q (the first item's is on its way).
+      // 3. Q (the first item's is on its way; IS_CLUSTER: see step 1).
+#if IS_CLUSTER
+      if (t.nh <= 64) load_q(t, qn);
+#else
       if (r > 0) load_q(t, qn);
+#endif
       // 4. The next item's index columns.
       if (r + 1 < n_rounds && item_at(r + 1) < items) fetch_index(item_at(r + 1), slot ^ 1);
       // 5. K(it + 1), V(it).
