@@ -127,6 +127,8 @@ class FastDriver:
         lib = (ctypes.PyDLL if hold_gil else ctypes.CDLL)("libcuda.so.1")
         self._launch = lib.cuLaunchKernelEx
         self._launch.restype = ctypes.c_int  # arguments arrive pre-wrapped: no argtypes
+        self._graph_launch = lib.cuGraphLaunch
+        self._graph_launch.restype = ctypes.c_int
         self._struct = LaunchConfig
         self._attr = LaunchAttribute
         self._byref = ctypes.byref
@@ -162,6 +164,11 @@ class FastDriver:
     def launch_fn(self) -> Any:
         """The raw foreign function ``(config_ref, kernel, params, None) -> CUresult int``."""
         return self._launch
+
+    @property
+    def graph_launch_fn(self) -> Any:
+        """The raw foreign ``cuGraphLaunch`` ``(exec c_void_p, stream c_void_p) -> CUresult int``."""
+        return self._graph_launch
 
     def raise_for(self, err: int, call: str) -> None:
         """Raise the :class:`CudaError` for a nonzero result of :attr:`launch_fn`."""

@@ -400,6 +400,65 @@ def test_capture_and_replay_with_changing_inputs(ledger, rng, mode):
         assert g.replays == 4
 
 
+
+def _foreign_context(dev: int):
+    """A new (non-primary) context, current on the calling thread (both binding signatures)."""
+    from cuda.bindings import driver
+
+    handle = driver.cuDeviceGet(dev)[1]
+    try:
+        err, ctx = driver.cuCtxCreate(None, 0, handle)
+    except TypeError:  # bindings before 13: cuCtxCreate(flags, dev)
+        err, ctx = driver.cuCtxCreate(0, handle)
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+    return ctx
+
+
+@pytest.mark.parametrize("current", ["none", "foreign"])
+def test_replay_whatever_context_is_current(ledger, rng, current):
+    # replay() makes no per-call context probe: the instance launches in its stream's
+    # context from a thread with no current context, or with another context current, and
+    # leaves the caller's current context as it was (no fallback to make_current).
+    from cuda.bindings import driver
+
+    rt = ledger
+    n, a = 40_961, 2.5
+    with ExitStack() as st, _no_capture_left(rt):
+        dx, dy, out = (st.enter_context(DeviceArray(rt, (n,), np.float32)) for _ in range(3))
+        with rt.capture() as g:
+            _saxpy(rt, out, dx, dy, a, n)
+        st.callback(g.destroy)
+        x, y = _rand(rng, n), _rand(rng, n)
+        dx.copy_from(x)
+        dy.copy_from(y)
+        out.fill_bytes(0xFF)
+        rt.synchronize()
+        box: dict = {}
+
+        def worker():
+            ctx = None
+            try:
+                if current == "foreign":
+                    ctx = _foreign_context(rt.device.ordinal)
+                before = driver.cuCtxGetCurrent()[1]
+                g.replay()
+                box["after"] = (int(before or 0), int(driver.cuCtxGetCurrent()[1] or 0))
+            except BaseException as exc:  # reported in the main thread
+                box["error"] = exc
+            finally:
+                if ctx is not None:
+                    driver.cuCtxDestroy(ctx)
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join()
+        if "error" in box:
+            raise box["error"]
+        before, after = box["after"]
+        assert after == before and (before == 0) == (current == "none")
+        assert g.replays == 1
+        _check_close(out.numpy(), _saxpy_ref(x, y, a))
+
 def test_begin_end_capture(ledger, rng):
     rt = ledger
     n = 777
