@@ -295,14 +295,14 @@ def _wg_smem(hd: int, wgs: int, mrows: int, stages: int, cps: int, qreg: int = 0
 def _ws_smem(hd: int, cps: int, q2: int = 0, cluster: int = 0, kt: int = _WS_KT) -> int:
     """Dynamic shared memory of is_attn_ws (mirrors the kernel's layout).
 
-    ``q2``: two Q slots, no split-merge weights, int32 index slots. ``cluster``: the
-    cluster merge's inbox (the partner's half of O and its row statistics) after the index
-    slots, 128-byte aligned.
+    ``q2``: two Q slots, no split-merge weights, int32 index slots. ``cluster``: no
+    split-merge weights; the cluster merge's inbox (the partner's half of O and its row
+    statistics) after the index slots, 128-byte aligned.
     """
     hb = hd // 64
     q = (2 if q2 else 1) * hb * 128 * 128
     ring = 2 * _ws_nst(hd, kt) * hb * kt * 128
-    weights = 0 if q2 else 128 * (WS_MAX_SPLITS + 1) * 4
+    weights = 0 if q2 or cluster else 128 * (WS_MAX_SPLITS + 1) * 4
     fixed = q + ring + 256 + weights + 2 * cps * 4 + 2 * (16 + (4 if q2 else 8) * cps)
     if cluster:
         fixed = _round_up(fixed, 128) + (4 * hb + 1) * 256 * 16

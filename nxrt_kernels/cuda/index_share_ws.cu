@@ -111,7 +111,8 @@ constexpr int OFF_K = QS * Q_BYTES;
 constexpr int OFF_V = OFF_K + NST * T_BYTES;
 constexpr int OFF_BAR = OFF_V + NST * T_BYTES;
 constexpr int OFF_W = OFF_BAR + 256;
-constexpr int OFF_KEY = OFF_W + (IS_Q2 ? 0 : BM * (IS_WS_MAXS + 1) * 4);  // IS_Q2: no merge
+// Split-merge weights: IS_Q2 does not split, IS_CLUSTER merges through the inbox.
+constexpr int OFF_KEY = OFF_W + (IS_Q2 || IS_CLUSTER ? 0 : BM * (IS_WS_MAXS + 1) * 4);
 constexpr int RSTEP = NTP / CH;      // rows one pass of the producer copies
 constexpr int RPT = KT / RSTEP;      // rows per producer thread per tile
 constexpr int EMPTY_ARRIVALS = 8;    // one per consumer warp
@@ -201,12 +202,23 @@ __device__ __forceinline__ bool ws_col_bad(const unsigned char* raw, bool idx64,
          (v != -1 && (v >= (long long)vbound || (col > 0 && (prev == -1 || v <= prev))));
 }
 
+// A 16-byte row chunk, or 16 zero bytes where key < 0 (cp.async's ignore-source predicate:
+// src is not read, but it stays a valid address). One setp and one copy per chunk: the
+// src-size form needs a select of the size and of the address (NOTES round 10).
 #if IS_CLUSTER
-// is_cp_async16_s with an L2 cache policy (from createpolicy).
-__device__ __forceinline__ void ws_cp_async16_evict_first(unsigned dst, const void* src,
-                                                          int nbytes, unsigned long long pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(nbytes), "l"(pol));
+// With an L2 cache policy (from createpolicy).
+__device__ __forceinline__ void ws_cp_async16_key(unsigned dst, const void* src, int key,
+                                                  unsigned long long pol) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.lt.s32 p, %2, 0;\n"
+      "cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, p, %3;\n}\n" ::"r"(dst),
+      "l"(src), "r"(key), "l"(pol));
+}
+#else
+__device__ __forceinline__ void ws_cp_async16_key(unsigned dst, const void* src, int key) {
+  asm volatile("{\n.reg .pred p;\nsetp.lt.s32 p, %2, 0;\n"
+               "cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+               "l"(src), "r"(key));
 }
 #endif
 
@@ -435,7 +447,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
 #endif
       auto fill = [&](unsigned full, unsigned empty, int gi, unsigned ring, int tile,
-                      const is_t* p0, const is_t* p1, const is_t* zero) {
+                      const is_t* p0, const is_t* p1) {
         const int st = gi % NST, u = gi / NST;
         if (u > 0) mbar_wait(empty + 8 * st, (u - 1) & 1);
         const unsigned d = ring + st * T_BYTES + sw_off(r0, c, TBLK);
@@ -448,12 +460,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int k = 0; k < RPT; ++k) kj[k] = keys[col0 + k * RSTEP];  // -1 padded to tiles
 #pragma unroll
         for (int k = 0; k < RPT; ++k) {
-          const bool ok = kj[k] >= 0;
-          const is_t* src = ok ? (kj[k] >= len0 ? p1 : p0) + (long long)kj[k] * HD : zero;
+          // A padded column (-1) copies zeros, addressing row 0 (of segment 1 if len0 is 0).
+          const int kk = kj[k] > 0 ? kj[k] : 0;
+          const is_t* src = (kk >= len0 ? p1 : p0) + (long long)kk * HD;
 #if IS_CLUSTER
-          ws_cp_async16_evict_first(d + k * RSTEP * 128, src, ok ? 16 : 0, evict_first);
+          ws_cp_async16_key(d + k * RSTEP * 128, src, kj[k], evict_first);
 #else
-          is_cp_async16_s(d + k * RSTEP * 128, src, ok ? 16 : 0);
+          ws_cp_async16_key(d + k * RSTEP * 128, src, kj[k]);
 #endif
         }
         cp_async_mbar_arrive(full + 8 * st);
@@ -463,7 +476,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const is_t* vp0 = v0 + base0 * HD + c * 8;
       const is_t* vp1 = v1 + base1 * HD + c * 8;
       // 2. K(0).
-      if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1, k0);
+      if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1);
       // 3. Q (the first item's is on its way; IS_CLUSTER: see step 1).
 #if IS_CLUSTER
       if (t.nh <= 64) load_q(t, qn);
@@ -476,8 +489,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       for (int it = 0; it < ntiles; ++it) {
         if (it + 1 < ntiles)
           fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt + it + 1, sbase + OFF_K, it + 1, kp0,
-               kp1, k0);
-        fill(bar_vfull(bars, 0), bar_vempty(bars, 0), gt + it, sbase + OFF_V, it, vp0, vp1, v0);
+               kp1);
+        fill(bar_vfull(bars, 0), bar_vempty(bars, 0), gt + it, sbase + OFF_V, it, vp0, vp1);
       }
       gt += ntiles;
       ++qn;
