@@ -145,10 +145,11 @@ _DEFAULT_PIPE = 2
 WS_SLOTS = {64: 4, 128: 2}
 WS_MAX_SPLITS = 8
 _WS_KT = 128  # keys per tile (and the column alignment of its splits)
-#: Keys per tile of the ws build (knob ``kt``): 128, or 64 (at head size 128 twice the ring
-#: slots in the same bytes; at 64 the slots stay at four, half the bytes). 64 is the default
-#: for two-CTA-cluster decode items of more than 64 heads at head size 128 (H200: decode
-#: N128 27.4-27.5 vs 28.2-28.8 us); N64 stays at 128 (26.2-26.8 us either way).
+#: Keys per tile of the ws build (knob ``kt``): 128 (the default), or 64 (at head size 128
+#: twice the ring slots in the same bytes; at 64 the slots stay at four, half the bytes).
+#: 64 was the N128 decode default until the producer's copy got lean (predicated copies):
+#: since then 128 is faster there too (H200: 25.5-26.0 vs 25.7-26.1 us with the earlier
+#: copy at 64; 26.3-26.9 at 64 with the new one; NOTES round 10).
 WS_KTS = (64, 128)
 
 
@@ -213,7 +214,7 @@ def compile_variants() -> list[Variant]:
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, ov, 1) for hd in (64, 128) for ov in (0, 1)]
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, 0, 1, 3) for hd in (64, 128)]
         out += [_ws_variant(dt, hd, q2, cl) for hd in (64, 128) for q2, cl in ((0, 0), (1, 0), (0, 1))]
-        out.append(_ws_variant(dt, 128, 0, 1, 64))  # the N > 64 decode default (WS_KTS)
+        out.append(_ws_variant(dt, 128, 0, 1, 64))  # the cluster build at knob kt 64 (WS_KTS)
     return out
 
 
@@ -583,11 +584,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # cluster and merge through distributed shared memory (no partials, no counter).
         # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
         # resident at once; a larger grid would still be correct, in more than one wave.
-        # (The cluster build's tiles: 64 keys for items of more than 64 heads at head size
-        # 128 unless pinned, see WS_KTS.)
-        ckt = _WS_KT
-        if ws:
-            ckt = kt if ("kt" in knobs or h != 128 or g.group <= 64) else 64
+        ckt = kt if ws else _WS_KT
         cluster_ok = (ws and splits == 2 and tasks * splits <= min(sm_count, cap)
                       and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
         merge = str(knobs.get("merge", "cluster" if cluster_ok else "last"))

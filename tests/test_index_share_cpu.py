@@ -893,10 +893,11 @@ def test_ws_plan_choice_grid_and_refusals():
     assert p.variant.defines["IS_CLUSTER"] == 1 and p.nbytes == 0
     assert p.grid == p.tasks * p.splits == 128 and p.cps == 1024
     assert p.smem == index_share._ws_smem(128, 1024, 0, 1) <= 227 * 1024
-    # ... in 64-key tiles (twice the ring slots, the same bytes: WS_KTS).
-    assert p.knobs["kt"] == 64 and p.variant.defines["IS_NST"] == 4 and p.stages == 4
-    q = plan(_geom(128), 132, True, None, False, knobs={"kt": 128}, wg_arch=True)
-    assert q.knobs["kt"] == 128 and "IS_KT" not in q.variant.defines and q.smem == p.smem
+    # ... in 128-key tiles; pinned to 64, twice the ring slots in the same bytes (WS_KTS).
+    assert p.knobs["kt"] == 128 and "IS_KT" not in p.variant.defines and p.stages == 2
+    q = plan(_geom(128), 132, True, None, False, knobs={"kt": 64}, wg_arch=True)
+    assert q.knobs["kt"] == 64 and q.variant.defines["IS_NST"] == 4 and q.stages == 4
+    assert q.smem == p.smem
     # Decode N64 (B 64): the same in 128-key tiles; with fewer SMs than items, or pinned,
     # the last-arrival merge.
     p = plan(_geom(64), 132, True, None, False, wg_arch=True)
