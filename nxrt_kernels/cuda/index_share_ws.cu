@@ -385,9 +385,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       is_cp_async_wait(0);
 #if IS_CLUSTER
       // The CTA's one item: its index columns had the memory system to themselves (with Q
-      // beside them they landed ~0.6 us later, H200 trace). 128 heads of Q (twice a 64-key
-      // K tile) go now, under the key staging; 64 heads after K(0)'s gathers (NOTES round 9).
-      if (t.nh > 64) load_q(t, qn);
+      // beside them they landed ~0.6 us later, H200 trace). A Q larger than a K tile (128
+      // heads at 64-key tiles) goes now, under the key staging; otherwise after K(0)'s
+      // gathers, so that the consumers' first wait is for both at once (NOTES rounds 9, 10).
+      if (t.nh > KT) load_q(t, qn);
 #endif
       if (qn >= 2) mbar_wait(bar_keysempty(bars, slot), ((qn - 2) >> 1) & 1);
       named_bar_sync(BAR_PROD, NTP);
@@ -479,7 +480,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1);
       // 3. Q (the first item's is on its way; IS_CLUSTER: see step 1).
 #if IS_CLUSTER
-      if (t.nh <= 64) load_q(t, qn);
+      if (t.nh <= KT) load_q(t, qn);
 #else
       if (r > 0) load_q(t, qn);
 #endif
