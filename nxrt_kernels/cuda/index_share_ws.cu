@@ -38,8 +38,9 @@
 // Shared memory (from a 1024-byte aligned base; index_share._ws_smem mirrors it): Q as HB
 // blocks of [128][128 B] (128-byte swizzle), NST K slots, NST V slots (HB blocks of
 // [KT keys][128 B] each), 256 bytes of mbarriers, the merge weights [128][IS_WS_MAXS + 1]
-// floats, two key slots of cps ints, two raw index slots of 16 + 8 cps bytes, and with
-// IS_CLUSTER the exchange inbox ((XH + 1) rows of 4 KB, 128-byte aligned).
+// floats (not with IS_Q2 or IS_CLUSTER), two key slots of cps ints, two raw index slots of
+// 16 + 8 cps bytes (4 cps with IS_Q2), and with IS_CLUSTER the exchange inbox ((XH + 1)
+// rows of 4 KB, 128-byte aligned).
 //
 // IS_CLUSTER (decode: one item per CTA, two splits per task): clusters of two CTAs, rank =
 // split, merge through distributed shared memory instead of global partials and an
