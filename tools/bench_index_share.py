@@ -34,8 +34,9 @@ def cases(quick: bool) -> list[dict[str, Any]]:
     """The benchmark rows: (kind, B, Sq, N, Nkv, cache), every decode row first.
 
     Decode rows time microsecond calls from an idle device; right after a prefill row
-    (whose torch peer runs ~0.3 s at full power) the first decode row's single-call time
-    read ~2 us slow on the H200 (NOTES, IndexShare round 10), so prefill rows go last.
+    (whose torch peer runs ~0.3 s at full power) one decode row's single-call time read
+    27.1 us against 24.8-25.7 us elsewhere in the same process (H200, NOTES IndexShare
+    round 10), so prefill rows go last.
     """
     ns = (64,) if quick else (64, 128)
     caches = (8192,) if quick else (8192, 65536)
