@@ -584,7 +584,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # cluster and merge through distributed shared memory (no partials, no counter).
         # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
         # resident at once; a larger grid would still be correct, in more than one wave.
-        ckt = kt if ws else _WS_KT
+        ckt = kt if ws else _WS_KT  # (only ws plans define kt; the message below names bytes)
         cluster_ok = (ws and splits == 2 and tasks * splits <= min(sm_count, cap)
                       and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
         merge = str(knobs.get("merge", "cluster" if cluster_ok else "last"))
@@ -596,11 +596,9 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                               f"and {_ws_smem(h, cps, 0, 1, ckt)} bytes of shared memory; this plan "
                               f"has ws={ws}, {splits} splits, {tasks * splits} items, a device "
                               f"limit of {smem_max}")
-        if merge == "cluster":
-            kt = ckt
+        if merge == "cluster":  # (ws: kt and its stages as chosen above)
             variant = _ws_variant(dt, h, 0, 1, kt)
             smem = _ws_smem(h, cps, 0, 1, kt)
-            stages = _ws_nst(h, kt)
     grid = tasks * splits
     if ws:  # persistent: at most one CTA per SM (or the ctas knob), each looping over items
         grid = max(1, min(grid, sm_count, cap))
