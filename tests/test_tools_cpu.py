@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("tool, words", [("read_floor.py", "read floor of attention decode"),
-                                         ("gather_ceiling.py", "gather IndexShare")])
+                                         ("gather_ceiling.py", "gather IndexShare"),
+                                         ("trace_index_share.py", "decode cluster kernel")])
 def test_tool_help(tool: str, words: str) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--help"],
                        capture_output=True, text=True, timeout=120)
@@ -30,3 +31,42 @@ def test_read_floor_kernel_compiles() -> None:
     for arch in ("sm_80", "sm_90"):
         c = compile_source(SRC, "gather_ceiling.cu", arch, ["-DUNROLL=4"], {})
         assert b"read_seq" in (c.ptx if isinstance(c.ptx, bytes) else c.ptx.encode())
+
+
+def test_trace_index_share_specs() -> None:
+    """Cases and variant specs parse as documented; a bad one is refused with its reason."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from trace_index_share import parse_case, parse_variant
+
+    assert parse_case("n128c8k") == dict(kind="decode", b=64, sq=1, n=128, nkv=1, cache=8192)
+    assert parse_case("n64c64k")["cache"] == 65536
+    with pytest.raises(ValueError, match="n<heads>c<cache"):
+        parse_case("128x8k")
+    v = parse_variant("a:kt=64,trace=1,pdl=0,DIS_PREG=64")
+    assert (v.name, v.knobs, v.trace, v.pdl) == ("a", {"kt": 64}, True, False)
+    assert v.defines == {"IS_PREG": "64", "IS_TRACE": "1"}
+    assert parse_variant("shipped").defines == {}
+    for bad, why in (("a:kt", "KEY=VALUE"), ("a:trace=2", "0 or 1"), ("a:zz=1", "unknown key"),
+                     ("a:src=/no/such/file.cu", "no file"), (":kt=64", "empty name")):
+        with pytest.raises(ValueError, match=why):
+            parse_variant(bad)
+
+
+def test_trace_build_compiles() -> None:
+    """The IS_TRACE build the tool asks for compiles (cluster build, sm_90a) and stamps
+    %globaltimer; the non-cluster build refuses it (its part_o holds the split partials)."""
+    from nxrt.compiler import CompileError, compile_source
+    from nxrt_kernels import _common, index_share
+
+    ws = [v for v in index_share.compile_variants() if v.file == "index_share_ws.cu"
+          and dict(v.defines).get("IS_DTYPE") == 2 and dict(v.defines).get("IS_HD") == 128]
+    cluster = next(v for v in ws if dict(v.defines).get("IS_CLUSTER") and "IS_KT" not in dict(v.defines))
+    plain = next(v for v in ws if not dict(v.defines).get("IS_CLUSTER") and not dict(v.defines).get("IS_Q2"))
+    src = _common.source("index_share_ws.cu")
+    c = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, "-DIS_TRACE=1"],
+                       _common.headers(), cubin=False)
+    ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
+    assert ptx.count("%globaltimer") >= 8
+    with pytest.raises(CompileError, match="IS_TRACE"):
+        compile_source(src, "index_share_ws.cu", "sm_90a", [*plain.options, "-DIS_TRACE=1"],
+                       _common.headers(), cubin=False)

@@ -57,7 +57,10 @@
 // first global access.
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
-// IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER.
+// IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER, and
+// IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer stamps at the
+// phase boundaries, 16 per CTA, into the buffer passed as part_o, which the cluster build
+// does not otherwise use; the shipped builds compile it out).
 #include "index_share_mma.cuh"
 #include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
@@ -81,6 +84,28 @@
 #endif
 #ifndef IS_KT
 #define IS_KT 128
+#endif
+#ifndef IS_TRACE
+#define IS_TRACE 0
+#endif
+#if IS_TRACE && !IS_CLUSTER
+#error "IS_TRACE stamps into part_o, which only the cluster build leaves unused"
+#endif
+// Phase stamp k (0-15) of this CTA: 0 start, 1 index columns landed, 2 keys staged,
+// 3 producer done issuing, 4 + w K(0) and Q landed, 6 + w loop done, 8 + w the partner's
+// half landed, 10 + w rows stored, 12 + w combined, 14 + w staged for the stores (w: the
+// consumer warpgroup; stamped by thread 0 of the producer or of warpgroup w).
+#if IS_TRACE
+#define WS_TRACE(k)                                                                 \
+  do {                                                                              \
+    unsigned long long t_;                                                          \
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t_));                        \
+    reinterpret_cast<unsigned long long*>(part_o)[blockIdx.x * 16 + (k)] = t_;      \
+  } while (0)
+#else
+#define WS_TRACE(k) \
+  do {              \
+  } while (0)
 #endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
@@ -262,6 +287,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       return;
     }
   }
+  if (threadIdx.x == 0) WS_TRACE(0);
   unsigned char* smem = smem_raw + ((1024u - (ws_smem_u32(smem_raw) & 1023u)) & 1023u);
   const unsigned sbase = ws_smem_u32(smem);
   const unsigned bars = sbase + OFF_BAR;
@@ -384,6 +410,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // 1. Keys: this item's raw columns landed for every producer thread, and the
       // consumers are done with the key slot's previous item (n - 2).
       is_cp_async_wait(0);
+      if (p == 0) WS_TRACE(1);
 #if IS_CLUSTER
       // The CTA's one item: its index columns had the memory system to themselves (with Q
       // beside them they landed ~0.6 us later, H200 trace). A Q larger than a K tile (128
@@ -442,6 +469,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const long long bh = t.b * Nkv + t.kvh;
       const long long base0 = bh * (long long)len0, base1 = bh * (long long)len1 - len0;
       const int ntiles = (live + KT - 1) / KT;
+      if (p == 0) WS_TRACE(2);
 #if IS_CLUSTER
       // Decode reads each gathered row once per call: an evict-first L2 policy lets the
       // rows leave L2 before other lines (H200: decode 0.5-1 us faster, NOTES round 9).
@@ -497,6 +525,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       gt += ntiles;
       ++qn;
     }
+    if (p == 0) WS_TRACE(3);
     // Stay until every copy has landed (and so has arrived on its barrier).
     is_cp_async_commit();
     is_cp_async_wait(0);
@@ -656,6 +685,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       if (ntiles > 0) {
         const int st = gt % NST;
         mbar_wait(bar_kfull(bars, st), (gt / NST) & 1);
+        if ((ctid & 127) == 0) WS_TRACE(4 + cw);
         fence_proxy_async();  // the landed cp.async bytes (Q too), visible to wgmma
         if (pp) named_bar_sync(bar_mine, 2 * NTP);
         wg_fence();
@@ -720,6 +750,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         gt += ntiles;
       }
     }
+    if ((ctid & 127) == 0) WS_TRACE(6 + cw);
     ++qn;
 
 #if IS_CLUSTER
@@ -753,6 +784,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // no CTA exits while its partner still writes into it; the sender's st.asyncs come
       // from registers, so it may leave with its own in flight.)
       mbar_wait(bar_xch(bars), 0);
+      if ((ctid & 127) == 0) WS_TRACE(8 + cw);
       const float4 pml = xi[256 * XH];
       const float mo[2] = {pml.x, pml.y}, lo[2] = {pml.z, pml.w};
       float w0[2], w1[2], wl[2], wi[2];
@@ -794,6 +826,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
           out[c][x] = is_pack2(is_norm(ea, wl[x], wi[x]), is_norm(eb, wl[x], wi[x]));
         }
       }
+      if ((ctid & 127) == 0) WS_TRACE(12 + cw);
       const long long yrow0 = (t.b * N + t.h0 + row0 - g) * (long long)Sq + t.qi;  // warp row 0
       if (pp) {
         // Both warpgroups store (twice the stores of 64 heads, where 4-byte pieces of 8 rows
@@ -813,6 +846,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
             stage[unit(r * XH + (c ^ (r % XH))) + tq] = out[c][x];
           }
         __syncwarp();
+        if ((ctid & 127) == 0) WS_TRACE(14 + cw);
 #pragma unroll
         for (int k = 0; k < 16 * XH / 32; ++k) {
           const int u = lane + 32 * k, r = u / XH, c = (u % XH) ^ (r % XH);
@@ -831,6 +865,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
                                            8 * (cl_rank * XH + c) + 2 * tq) = out[c][x];
       }
     }
+    if ((ctid & 127) == 0) WS_TRACE(10 + cw);
     (void)part_o;
     (void)part_ml;
     (void)counters;

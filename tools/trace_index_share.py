@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""Trace and A/B the IndexShare decode kernel on the GPU: ``python tools/trace_index_share.py``.
+
+For the benchmark's decode rows (``tools/bench_index_share.py``: B 64, Sq 1, one kv head,
+H 128, top-k 2048, bf16; a case is written ``n<heads>c<cache in k>``, e.g. ``n128c8k``) and
+each variant of the warp-specialised cluster build (``cuda/index_share_ws.cu``):
+
+- a timed variant runs the bench's method (two input sets, one call per graph replayed in
+  turn, and ``STEP_CALLS`` calls in one graph; median of 20 CUDA-event samples) and prints
+  microseconds per call, the error against the torch peer, and whether the output is
+  bitwise equal to the case's first variant;
+- a traced variant (``trace=1``) compiles the kernel with ``IS_TRACE``: every CTA stamps
+  ``%globaltimer`` at its phase boundaries (index landed, keys staged, K(0) landed, loop
+  done, partner's half landed, combined, stored; see the kernel's header) into a buffer
+  passed as ``part_o``. Printed: the median over CTAs and the latest CTA of each phase, in
+  microseconds from the first CTA's start (median of 10 replays), the skew between the
+  two CTAs of a cluster, and, from two graphs replayed back to back, the gap between the
+  first kernel's last stamp and the second kernel's first.
+
+Variant spec: ``NAME[:KEY=VALUE,...]`` with keys ``kt`` (the plan knob, 64 or 128), ``src``
+(a path: an edited copy of ``index_share_ws.cu`` to A/B against the shipped one; the
+package's headers still apply), ``trace`` (0/1), ``pdl`` (0: launch without programmatic
+dependent launch) and ``D<NAME>`` (an extra ``-D<NAME>=VALUE`` for the build). Every variant
+of a case runs on the same inputs, ``--rounds`` times interleaved (A B A B), so that
+variants are compared within one session. ``--json FILE`` writes every number.
+
+Needs an sm_90 GPU and torch (inputs and the peer). The package is patched in-process
+(its ws variant and compile hooks, the runtime's launch) only for the variants asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+#: Names of the 16 stamps per CTA (IS_TRACE in cuda/index_share_ws.cu); w1/w2 = consumer
+#: warpgroup 1/2 (the second one idles, and stamps only its loop end, at <= 64 heads).
+PHASES = ("start", "index", "staged", "issued", "K0_w1", "K0_w2", "loop_w1", "loop_w2",
+          "partner_w1", "partner_w2", "stored_w1", "stored_w2", "combined_w1",
+          "combined_w2", "staged_w1", "staged_w2")
+STAMPS = len(PHASES)
+DEFAULT_VARIANTS = ("shipped", "shipped-trace:trace=1")
+
+
+@dataclass
+class VariantSpec:
+    """One build and plan of the ws cluster kernel to time or trace."""
+
+    name: str
+    knobs: dict[str, Any] = field(default_factory=dict)
+    defines: dict[str, str] = field(default_factory=dict)
+    src: str | None = None
+    trace: bool = False
+    pdl: bool = True
+
+
+def parse_case(text: str) -> dict[str, Any]:
+    """``n128c8k`` -> the bench's decode case dict (B 64, Sq 1, Nkv 1, cache 8192)."""
+    m = re.fullmatch(r"n(\d+)c(\d+)k", text.strip())
+    if not m:
+        raise ValueError(f"case {text!r}: expected n<heads>c<cache in k>, e.g. n128c8k")
+    return dict(kind="decode", b=64, sq=1, n=int(m.group(1)), nkv=1,
+                cache=int(m.group(2)) * 1024)
+
+
+def parse_variant(text: str) -> VariantSpec:
+    """``NAME[:KEY=VALUE,...]`` -> :class:`VariantSpec` (see the module docstring)."""
+    name, _, rest = text.partition(":")
+    if not name:
+        raise ValueError(f"variant {text!r}: empty name")
+    spec = VariantSpec(name)
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"variant {text!r}: {item!r} is not KEY=VALUE")
+        if key == "kt":
+            spec.knobs["kt"] = int(value)
+        elif key == "src":
+            if not Path(value).is_file():
+                raise ValueError(f"variant {text!r}: no file {value}")
+            spec.src = value
+        elif key in ("trace", "pdl"):
+            if value not in ("0", "1"):
+                raise ValueError(f"variant {text!r}: {key} must be 0 or 1")
+            setattr(spec, key, value == "1")
+        elif key.startswith("D") and re.fullmatch(r"D[A-Za-z_][A-Za-z0-9_]*", key):
+            spec.defines[key[1:]] = value
+        else:
+            raise ValueError(f"variant {text!r}: unknown key {key!r} "
+                             "(kt, src, trace, pdl, D<NAME>)")
+    if spec.trace:
+        spec.defines["IS_TRACE"] = "1"
+    return spec
+
+
+class _Hooks:
+    """The in-process patches: extra defines and an alternative source for the ws build,
+    the trace buffer as ``part_o`` and the programmatic flag of the attention launch."""
+
+    def __init__(self, rt: Any) -> None:
+        from nxrt_kernels import _common, index_share
+
+        self.defines: dict[str, str] = {}
+        self.src: str | None = None
+        self.trace_ptr = 0
+        self.pdl = True
+        orig_variant, orig_get, orig_launch = (index_share._ws_variant, _common.get_function,
+                                               rt.launch)
+
+        def ws_variant(*a: Any, **k: Any) -> Any:
+            v = orig_variant(*a, **k)
+            if not self.defines and self.src is None:
+                return v
+            d = dict(v.defines)
+            d.update(self.defines)
+            if self.src is not None:  # a distinct module key per alternative source text
+                d["NXRT_ALT_SRC"] = zlib.crc32(Path(self.src).read_bytes())
+            return _common.Variant(v.file, v.entries, d, v.min_arch, v.arch_suffix)
+
+        def get_function(rt_: Any, variant: Any, entry: str) -> Any:
+            if self.src is None or variant.file != "index_share_ws.cu":
+                return orig_get(rt_, variant, entry)
+            return rt_.nvrtc_function(f"{variant.module}_alt", Path(self.src).read_text(),
+                                      entry, variant.options, headers=_common.headers(),
+                                      arch=f"{rt_.arch}{variant.arch_suffix}")
+
+        def launch(fn: Any, grid: Any, block: Any, args: Any, shared_mem: int = 0,
+                   **kw: Any) -> None:
+            if len(args) > 30:  # the attention kernel (IS_ATTN_PARAMS)
+                if self.trace_ptr:
+                    args = list(args)
+                    args[8] = self.trace_ptr
+                if not self.pdl:
+                    kw["programmatic"] = False
+            orig_launch(fn, grid, block, args, shared_mem, **kw)
+
+        index_share._ws_variant = ws_variant
+        _common.get_function = get_function
+        rt.launch = launch
+
+
+def _stats(stamps: Any, np: Any) -> dict[str, Any]:
+    """Per-replay [cta, 16] stamps (ns, 0 = not stamped) -> phase medians and maxima (us)."""
+    rel = []
+    for a in stamps:
+        a = a.astype(np.float64)
+        r = (a - a[:, 0].min()) / 1e3
+        r[a == 0] = np.nan
+        rel.append(r)
+    r = np.stack(rel)  # [replay, cta, phase]
+    with warnings.catch_warnings():  # all-NaN columns: phases a build does not stamp
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(np.nanmedian(r, axis=1), axis=0)
+        last = np.nanmedian(np.nanmax(r, axis=1), axis=0)
+        loop_end = np.nanmax(r[:, :, 6:8], axis=2)
+        skew = np.abs(loop_end[:, 0::2] - loop_end[:, 1::2])
+    keep = [i for i in range(STAMPS) if med[i] == med[i]]
+    return dict(median={PHASES[i]: round(float(med[i]), 3) for i in keep},
+                last={PHASES[i]: round(float(last[i]), 3) for i in keep},
+                partner_skew_median=round(float(np.nanmedian(skew)), 3),
+                partner_skew_max=round(float(np.nanmedian(np.nanmax(skew, axis=1))), 3))
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    import bench_index_share as B
+    import numpy as np
+    import torch
+    from bench import BenchContext
+
+    import nxrt
+    from nxrt_kernels import index_share
+
+    rt = nxrt.CudaRuntime()
+    hooks = _Hooks(rt)
+    ctx = BenchContext(rt)
+    specs = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
+    results: list[dict[str, Any]] = []
+
+    def case_name(c: dict[str, Any]) -> str:
+        return f"n{c['n']}c{c['cache'] // 1024}k"
+
+    def one(c: dict[str, Any], sets: list[dict], ref: Any, spec: VariantSpec,
+            first: Any) -> tuple[dict[str, Any], Any]:
+        hooks.defines, hooks.src, hooks.pdl = spec.defines, spec.src, spec.pdl
+        kern = index_share.IndexShareFactory(rt).create(B.node_for(c))
+        kern.plan_override = dict(spec.knobs) or None
+        bufs = [torch.zeros(rt.capabilities.sm_count * STAMPS, dtype=torch.int64,
+                            device="cuda") for _ in sets] if spec.trace else []
+        graphs = []
+        try:
+            if spec.trace:  # the plan first (eagerly, no stamps): only the cluster build
+                ins, outs = B.views_of(sets[0])  # leaves part_o to the trace
+                kern.execute(ins, outs)
+                rt.synchronize()
+                if kern.last_plan.merge != "cluster":
+                    raise RuntimeError(f"{spec.name}: the trace needs the cluster build, this "
+                                       f"plan merges {kern.last_plan.merge!r}")
+            for i, s in enumerate(sets):
+                hooks.trace_ptr = bufs[i].data_ptr() if spec.trace else 0
+                graphs.append(B.capture(rt, kern, s))
+            hooks.trace_ptr = 0
+            plan = kern.last_plan
+            out: dict[str, Any] = dict(case=case_name(c), variant=spec.name,
+                                       kt=plan.knobs.get("kt"), merge=plan.merge)
+            if spec.trace:
+                grid = plan.grid
+                stamps, gaps = [], []
+                for rep in range(args.replays + 2):
+                    for b in bufs:
+                        b.zero_()
+                    torch.cuda.synchronize()
+                    graphs[0].replay()
+                    graphs[1].replay()
+                    rt.synchronize()
+                    a, b2 = (x.view(-1, STAMPS)[:grid].cpu().numpy() for x in bufs)
+                    if rep < 2:  # warm-up replays
+                        continue
+                    stamps.append(a)
+                    end_a = np.where(a[:, 10:12] > 0, a[:, 10:12], 0).max()
+                    gaps.append((b2[:, 0].min() - end_a) / 1e3)
+                out.update(_stats(stamps, np), back_to_back_gap_us=round(float(np.median(gaps)), 3))
+                line = " ".join(f"{k}={v:.2f}" for k, v in out["median"].items())
+                print(f"{spec.name:20s} median: {line}")
+                line = " ".join(f"{k}={v:.2f}" for k, v in out["last"].items())
+                print(f"{spec.name:20s} latest: {line}")
+                print(f"{spec.name:20s} partner skew of the loop end: median "
+                      f"{out['partner_skew_median']:.2f} max {out['partner_skew_max']:.2f}; "
+                      f"back-to-back replays: last stamp -> next start "
+                      f"{out['back_to_back_gap_us']:.2f} us", flush=True)
+                return out, first
+            ms = ctx.time_ours(lambda: [g.replay() for g in graphs]) / len(graphs)
+            rt.latch.check()
+            graphs[0].replay()
+            rt.synchronize()
+            y = sets[0]["y"].clone()
+            err = float(torch.linalg.vector_norm(ref - y.float()) / torch.linalg.vector_norm(ref))
+            io = [B.views_of(s) for s in sets]
+            reps = max(1, B.STEP_CALLS // len(sets))
+            with rt.capture() as g8:
+                for _ in range(reps):
+                    for ins, outs in io:
+                        kern.execute(ins, outs)
+            try:
+                ms8 = ctx.time_ours(g8.replay) / (reps * len(sets))
+                rt.latch.check()
+            finally:
+                g8.destroy()
+            same = None if first is None else bool(torch.equal(first, y))
+            out.update(single_us=round(ms * 1e3, 3), graph_us=round(ms8 * 1e3, 3),
+                       rel_err_vs_torch=err, bitwise_vs_first=same)
+            print(f"{spec.name:20s} single {ms * 1e3:7.2f} us   {reps * len(sets)} in one graph "
+                  f"{ms8 * 1e3:7.2f} us   err {err:.2e}   bitwise vs first "
+                  f"{'-' if same is None else same}   kt {out['kt']}", flush=True)
+            return out, (y if first is None else first)
+        finally:
+            hooks.trace_ptr = 0
+            graphs.clear()
+            kern.close()
+
+    for text in args.cases.split(","):
+        c = parse_case(text)
+        sets = [B.make_inputs(torch, c, 1234 + i) for i in range(2)]
+        torch.cuda.synchronize()
+        ref = B.torch_peer(torch, c, sets[0])().float()
+        print(f"== {text}: {c}", flush=True)
+        first = None
+        for rd in range(args.rounds):
+            for spec in specs:
+                if spec.trace and rd > 0:
+                    continue
+                out, first = one(c, sets, ref, spec, first)
+                out["round"] = rd
+                results.append(out)
+        del sets
+        torch.cuda.empty_cache()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description="Phase timeline (trace) and same-session A/B timing of the IndexShare "
+                    "decode cluster kernel on the GPU.")
+    ap.add_argument("--cases", default="n128c8k,n64c8k",
+                    help="comma-separated n<heads>c<cache in k> (default n128c8k,n64c8k)")
+    ap.add_argument("--variant", action="append",
+                    help="NAME[:kt=..,src=PATH,trace=0|1,pdl=0|1,D<NAME>=..] (repeatable; "
+                         f"default {' '.join(DEFAULT_VARIANTS)})")
+    ap.add_argument("--rounds", type=int, default=2, help="timed rounds per variant (default 2)")
+    ap.add_argument("--replays", type=int, default=10, help="traced replays (default 10)")
+    ap.add_argument("--json", type=Path, help="write every number here")
+    args = ap.parse_args(argv)
+    for v in args.variant or DEFAULT_VARIANTS:  # fail early on a bad spec
+        parse_variant(v)
+    for c in args.cases.split(","):
+        parse_case(c)
+    if args.rounds < 1 or args.replays < 1:
+        ap.error("--rounds and --replays must be >= 1")
+    results = run(args)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
