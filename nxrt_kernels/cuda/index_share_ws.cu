@@ -60,7 +60,7 @@
 // IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER, and
 // IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer stamps at the
 // phase boundaries, 16 per CTA, into the buffer passed as part_o, which the cluster build
-// does not otherwise use; the shipped builds compile it out).
+// does not otherwise use (none when it is null); the shipped builds compile it out).
 #include "index_share_mma.cuh"
 #include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
@@ -100,7 +100,7 @@
   do {                                                                              \
     unsigned long long t_;                                                          \
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t_));                        \
-    reinterpret_cast<unsigned long long*>(part_o)[blockIdx.x * 16 + (k)] = t_;      \
+    if (part_o) reinterpret_cast<unsigned long long*>(part_o)[blockIdx.x * 16 + (k)] = t_; \
   } while (0)
 #else
 #define WS_TRACE(k) \
