@@ -44,12 +44,12 @@
 //
 // IS_CLUSTER (decode: one item per CTA, two splits per task): clusters of two CTAs, rank =
 // split, merge through distributed shared memory instead of global partials and an
-// arrival counter. As soon as a consumer warp's O is final, each thread st.asyncs the half
-// of its granules that the partner finishes, and its rows' (m, l), from registers into the
-// partner's inbox (a shared-memory region no loop uses, after the raw index slots),
-// completing bytes on the partner's exchange mbarrier; once the partner's half has landed
-// in its own inbox, it finishes its half with is_finish_if_last_v4's arithmetic (the same
-// bits). The producer leaves the index rules to the consumers there (they run while K(0)
+// arrival counter. Each thread st.asyncs its rows' (m, l) into the partner's inbox (a
+// shared-memory region no loop uses, after the raw index slots) as soon as its last
+// softmax ran, and, once its O is final, the half of its granules that the partner
+// finishes, each completing bytes on one of the partner's two exchange mbarriers; the
+// partner computes the merge weights when the (m, l) have landed and finishes its half
+// with is_finish_if_last_v4's arithmetic (the same bits) when the granules have. The producer leaves the index rules to the consumers there (they run while K(0)
 // streams in; one item per CTA, so the raw slot is never refilled).
 //
 // The kernel is launched with programmatic dependent launch (index_share.py): it lets the
@@ -172,8 +172,11 @@ __device__ __forceinline__ unsigned bar_qempty(unsigned b, int s) {
 #if IS_CLUSTER
 // The exchange's transaction mbarrier after them.
 __device__ __forceinline__ unsigned bar_xch(unsigned b) { return b + 8 * (8 + 4 * NST); }
+// The partner's rows' (m, L), on their own transaction mbarrier (they are final before the
+// last P V, so the merge weights are ready before the O granules land).
+__device__ __forceinline__ unsigned bar_xml(unsigned b) { return b + 8 * (9 + 4 * NST); }
 #endif
-static_assert(8 * (9 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
+static_assert(8 * (10 + 4 * IS_NST) <= 256, "mbarriers fit their 256 bytes");
 
 constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
 #if !IS_Q2 && !IS_CLUSTER
@@ -342,6 +345,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     }
 #if IS_CLUSTER
     mbar_init(bar_xch(bars), 1);
+    mbar_init(bar_xml(bars), 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
   }
@@ -555,6 +559,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const unsigned qa = qa0 + qslot * Q_BYTES;
     mbar_wait(bar_keys(bars, slot), (qn >> 1) & 1);
 #if IS_CLUSTER
+    nxrt::cluster_wait();  // phase 1: the partner's exchange mbarriers are initialised
     if (latch) {
       // The index rules (the producer only clamped): 256 threads, while K(0) streams in.
       const unsigned char* raw = s_raw + slot * raw_slot + 16;
@@ -733,6 +738,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // is done: their slot may take the item after next.
       if (ntiles == 0) ws_release(bar_qempty(bars, qslot), lane);
       ws_release(bar_keysempty(bars, slot), lane);
+#if IS_CLUSTER
+      {
+        // The rows' (m, L) are final (the last softmax ran): to the partner now, on their
+        // own mbarrier, so that its merge weights are computed while the last P V runs and
+        // the O granules travel (H200: the stores 0.25 us earlier, NOTES round 11).
+        const float Lq0 = is_quad_sum(l_run[0]), Lq1 = is_quad_sum(l_run[1]);
+        const int nsrc = t.nh > 64 ? 2 * NTP : NTP;  // threads that send (active warpgroups)
+        if (ctid == 0) ws_mbar_expect_tx(bar_xml(bars), 16u * (unsigned)nsrc);
+        const unsigned peer = (unsigned)(cl_rank ^ 1);
+        ws_st_async4(nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer) + 4096u * XH,
+                     m_run[0], m_run[1], Lq0, Lq1, nxrt::cluster_mapa(bar_xml(bars), peer));
+      }
+#endif
       if (ntiles > 0) {
         const int gl = gt + ntiles - 1, st = gl % NST;
         mbar_wait(bar_vfull(bars, st), (gl / NST) & 1);
@@ -757,16 +775,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // ---- The split merge with the partner CTA (rank = split; see the header). Each thread
     // owns float4 granules of O (J = 0 .. 8 HB - 1: rows g, g + 8 of its warp's slab, two
     // adjacent columns of block J); granules J / XH == rank are the half this CTA finishes.
-    // The other half and the thread's (m0, m1, L0, L1) go straight from registers to the
-    // partner's inbox by st.async (granule row k of thread ctid at byte 16 (256 k + ctid)),
-    // completing bytes on its exchange mbarrier. The inbox is a region no loop uses, so
-    // each warp sends as soon as its own O is final, and the thread with the same ctid in
-    // the partner (the same rows and columns) finishes from its registers and the inbox.
-    nxrt::cluster_wait();  // phase 1: the partner's exchange mbarrier is initialised
+    // The other half goes straight from registers to the partner's inbox by st.async
+    // (granule row k of thread ctid at byte 16 (256 k + ctid)), completing bytes on its
+    // exchange mbarrier; the thread's (m0, m1, L0, L1) went ahead to inbox row XH (on
+    // bar_xml, before the last P V). The inbox is a region no loop uses, so each warp sends
+    // as soon as its own O is final, and the thread with the same ctid in the partner (the
+    // same rows and columns) finishes from its registers and the inbox.
     if (active) {
       const float Lq[2] = {is_quad_sum(l_run[0]), is_quad_sum(l_run[1])};
       const int nsrc = t.nh > 64 ? 2 * NTP : NTP;  // threads that send (active warpgroups)
-      if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), (XH + 1) * 16u * (unsigned)nsrc);
+      if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), XH * 16u * (unsigned)nsrc);
       {
         const unsigned peer = (unsigned)(cl_rank ^ 1);
         const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
@@ -777,14 +795,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
           const float* v = &o[J >> 3][4 * (J & 7)];
           if (J / XH != cl_rank) ws_st_async4(rx + 4096u * (J % XH), v[0], v[1], v[2], v[3], rbar);
         }
-        ws_st_async4(rx + 4096u * XH, m_run[0], m_run[1], Lq[0], Lq[1], rbar);
       }
       const float4* xi = reinterpret_cast<const float4*>(smem + xin_off) + ctid;
-      // The partner's granules landed in the inbox. (A CTA leaves only after this wait, so
-      // no CTA exits while its partner still writes into it; the sender's st.asyncs come
-      // from registers, so it may leave with its own in flight.)
-      mbar_wait(bar_xch(bars), 0);
-      if ((ctid & 127) == 0) WS_TRACE(8 + cw);
+      // The partner's (m, L) landed: the weights. Then its granules (below). (A CTA leaves
+      // only after both waits, so no CTA exits while its partner still writes into it; the
+      // sender's st.asyncs come from registers, so it may leave with its own in flight.)
+      mbar_wait(bar_xml(bars), 0);
       const float4 pml = xi[256 * XH];
       const float mo[2] = {pml.x, pml.y}, lo[2] = {pml.z, pml.w};
       float w0[2], w1[2], wl[2], wi[2];
@@ -806,6 +822,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         wl[x] = L;
         wi[x] = is_recip(L);
       }
+      mbar_wait(bar_xch(bars), 0);  // the partner's granules
+      if ((ctid & 127) == 0) WS_TRACE(8 + cw);
       // O = (o0 a0 + o1 a1) / L as is_finish_if_last_v4 rounds it (explicit FMAs, then
       // times 1 / L): the same bits as every other merge of the plan. out[c][x]: the bf16
       // pair of row g + 8 x, columns 8 (rank XH + c) + 2 tq + {0, 1}.
