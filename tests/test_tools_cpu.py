@@ -58,10 +58,11 @@ def test_trace_build_compiles() -> None:
     from nxrt.compiler import CompileError, compile_source
     from nxrt_kernels import _common, index_share
 
-    ws = [v for v in index_share.compile_variants() if v.file == "index_share_ws.cu"
-          and dict(v.defines).get("IS_DTYPE") == 2 and dict(v.defines).get("IS_HD") == 128]
-    cluster = next(v for v in ws if dict(v.defines).get("IS_CLUSTER") and "IS_KT" not in dict(v.defines))
-    plain = next(v for v in ws if not dict(v.defines).get("IS_CLUSTER") and not dict(v.defines).get("IS_Q2"))
+    ws = [dict(v.defines) | {"_v": v} for v in index_share.compile_variants()
+          if v.file == "index_share_ws.cu"]
+    ws = [d for d in ws if d["IS_DTYPE"] == 2 and d["IS_HD"] == 128]
+    cluster = next(d["_v"] for d in ws if d.get("IS_CLUSTER") and "IS_KT" not in d)
+    plain = next(d["_v"] for d in ws if not d.get("IS_CLUSTER") and not d.get("IS_Q2"))
     src = _common.source("index_share_ws.cu")
     c = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, "-DIS_TRACE=1"],
                        _common.headers(), cubin=False)

@@ -49,8 +49,9 @@
 // softmax ran, and, once its O is final, the half of its granules that the partner
 // finishes, each completing bytes on one of the partner's two exchange mbarriers; the
 // partner computes the merge weights when the (m, l) have landed and finishes its half
-// with is_finish_if_last_v4's arithmetic (the same bits) when the granules have. The producer leaves the index rules to the consumers there (they run while K(0)
-// streams in; one item per CTA, so the raw slot is never refilled).
+// with is_finish_if_last_v4's arithmetic (the same bits) when the granules have. The
+// producer leaves the index rules to the consumers there (they run while K(0) streams in;
+// one item per CTA, so the raw slot is never refilled).
 //
 // The kernel is launched with programmatic dependent launch (index_share.py): it lets the
 // stream's next kernel begin launching at once and waits on griddepcontrol before its
