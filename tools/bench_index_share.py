@@ -115,10 +115,11 @@ def views_of(s: dict) -> tuple[list, list]:
             [nxrt.TensorMut.from_array(s["y"])])
 
 
-def _in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],
-                  peers: list) -> dict[str, float]:
+def in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],
+                  peers: list | None) -> dict[str, Any]:
     """Milliseconds per call of STEP_CALLS calls captured in one graph (sets alternating),
-    for ours and for the torch peer (a torch CUDA graph of the same calls)."""
+    for ours and for the torch peer (a torch CUDA graph of the same calls; ``peers`` None:
+    ours only, ``peer_ms`` None)."""
     rt = ctx.rt
     reps = max(1, STEP_CALLS // len(sets))
     calls = reps * len(sets)
@@ -135,7 +136,7 @@ def _in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],
         rt.latch.check()
     finally:
         graph.destroy()
-    tms = ctx.time_torch_graph(peers, reps, warmup=2, reps=10)
+    tms = None if peers is None else ctx.time_torch_graph(peers, reps, warmup=2, reps=10)
     return dict(ms=ms, peer_ms=tms, calls=calls)
 
 
@@ -199,7 +200,7 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
                 of_ceiling=None if not ceiling else gbps / ceiling, **extra),
             row("index_share", name, "1/ms", 1.0 / ms, "torch-gather-sdpa", 1.0 / tms, **extra)]
     if c["kind"] == "decode":
-        g = _in_one_graph(ctx, kern, sets, peers)
+        g = in_one_graph(ctx, kern, sets, peers)
         gname = f"{name}, {g['calls']} calls in one graph"
         ggbps = gathered_bytes(c) / g["ms"] / 1e6
         gextra = dict(ms=round(g["ms"], 4), peer_ms=round(g["peer_ms"], 4))

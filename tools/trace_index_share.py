@@ -245,21 +245,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             rt.synchronize()
             y = sets[0]["y"].clone()
             err = float(torch.linalg.vector_norm(ref - y.float()) / torch.linalg.vector_norm(ref))
-            io = [B.views_of(s) for s in sets]
-            reps = max(1, B.STEP_CALLS // len(sets))
-            with rt.capture() as g8:
-                for _ in range(reps):
-                    for ins, outs in io:
-                        kern.execute(ins, outs)
-            try:
-                ms8 = ctx.time_ours(g8.replay) / (reps * len(sets))
-                rt.latch.check()
-            finally:
-                g8.destroy()
+            g8 = B.in_one_graph(ctx, kern, sets, None)  # the bench's in-graph row, ours only
+            ms8 = g8["ms"]
             same = None if first is None else bool(torch.equal(first, y))
             out.update(single_us=round(ms * 1e3, 3), graph_us=round(ms8 * 1e3, 3),
                        rel_err_vs_torch=err, bitwise_vs_first=same)
-            print(f"{spec.name:20s} single {ms * 1e3:7.2f} us   {reps * len(sets)} in one graph "
+            print(f"{spec.name:20s} single {ms * 1e3:7.2f} us   {g8['calls']} in one graph "
                   f"{ms8 * 1e3:7.2f} us   err {err:.2e}   bitwise vs first "
                   f"{'-' if same is None else same}   kt {out['kt']}", flush=True)
             return out, (y if first is None else first)
