@@ -13,12 +13,36 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("tool, words", [("read_floor.py", "read floor of attention decode"),
                                          ("gather_ceiling.py", "gather IndexShare"),
-                                         ("trace_index_share.py", "decode cluster kernel")])
+                                         ("trace_index_share.py", "decode cluster kernel"),
+                                         ("graph_gap.py", "one-kernel graph, by kernel shape"),
+                                         ("bench.py", "back-to-back calls before each timed")])
 def test_tool_help(tool: str, words: str) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--help"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert words in " ".join(r.stdout.split()), r.stdout
+
+
+def test_bench_refuses_negative_warm_up() -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "index_share",
+                        "--warm-ms", "-1"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--warm-ms: must be a number >= 0" in r.stderr, r.stderr
+
+
+def test_graph_gap_kernel_compiles() -> None:
+    """Every shape graph_gap.py launches compiles for sm_90 (clusters, griddepcontrol)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from graph_gap import SRC
+
+    from nxrt.compiler import compile_source
+
+    for cl in (0, 1):
+        for pdl in (0, 1):
+            c = compile_source(SRC, "graph_gap.cu", "sm_90", [f"-DGG_CLUSTER={cl}",
+                                                               f"-DGG_PDL={pdl}"], {})
+            ptx = c.ptx if isinstance(c.ptx, str) else c.ptx.decode()
+            assert "spin_kernel" in ptx and ("griddepcontrol.wait" in ptx) == bool(pdl)
+            assert (".reqnctapercluster" in ptx) == bool(cl)
 
 
 def test_read_floor_kernel_compiles() -> None:

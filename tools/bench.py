@@ -34,13 +34,20 @@ from nxrt._check import check, driver  # noqa: E402
 
 BENCHES = ("runtime", "attention", "paged", "index_share")
 
+#: Milliseconds of back-to-back calls before each timed series (``--warm-ms``), as
+#: ``triton.testing.do_bench``'s default warm-up (25 ms).
+WARM_MS = 25.0
+
 
 class BenchContext:
     """What a benchmark module gets: the runtime, torch (or None), ceilings and timers."""
 
-    def __init__(self, rt: nxrt.CudaRuntime, quick: bool = False) -> None:
+    def __init__(self, rt: nxrt.CudaRuntime, quick: bool = False, warm_ms: float = WARM_MS) -> None:
         self.rt = rt
         self.quick = quick
+        if not warm_ms >= 0:
+            raise ValueError(f"warm_ms must be >= 0, got {warm_ms!r}")
+        self.warm_ms = float(warm_ms)
         try:
             import torch
 
@@ -54,12 +61,31 @@ class BenchContext:
     def log(self, msg: str) -> None:
         print(f"[bench] {msg}", flush=True)
 
+    def _keep_busy(self, fn: Callable[[], Any], sync: Callable[[], None]) -> None:
+        """Run ``fn`` back to back for about ``warm_ms`` of device time, then ``sync``.
+
+        The H200 idles at a low SM clock (345 MHz read by nvidia-smi) and a case's setup
+        (inputs, compiling, capturing) leaves the device idle long enough to drop there, so a
+        few calls of warm-up do not reach the steady state a timed run should see. Calls go
+        in chunks (1, 2, 4, ... 256 calls, a sync after each) until ``warm_ms`` of wall time
+        has passed.
+        """
+        t0 = time.perf_counter()
+        chunk = 1
+        while (time.perf_counter() - t0) * 1e3 < self.warm_ms:
+            for _ in range(chunk):
+                fn()
+            sync()
+            chunk = min(2 * chunk, 256)
+
     def time_ours(self, fn: Callable[[], None], warmup: int = 3, reps: int = 20) -> float:
-        """Median milliseconds of ``fn`` (which enqueues work on ``rt.stream``), by device events."""
+        """Median milliseconds of ``fn`` (which enqueues work on ``rt.stream``), by device events,
+        after ``warmup`` calls and ``warm_ms`` of back-to-back calls."""
         s = self.rt.stream.handle
         for _ in range(warmup):
             fn()
         self.rt.synchronize()
+        self._keep_busy(fn, self.rt.synchronize)
         times = []
         for _ in range(reps):
             check(driver.cuEventRecord(self._start, s), "cuEventRecord")
@@ -70,12 +96,14 @@ class BenchContext:
         return float(np.median(times))
 
     def time_torch(self, fn: Callable[[], Any], warmup: int = 3, reps: int = 20) -> float:
-        """Median milliseconds of a torch callable on torch's current stream."""
+        """Median milliseconds of a torch callable on torch's current stream (warmed as
+        :meth:`time_ours`)."""
         torch = self.torch
         assert torch is not None
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
+        self._keep_busy(fn, torch.cuda.synchronize)
         times = []
         for _ in range(reps):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -208,12 +236,22 @@ def replot(json_path: Path) -> Path:
     return out
 
 
+def _nonneg_ms(text: str) -> float:
+    v = float(text)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", nargs="*", default=["all"], help=f"{', '.join(BENCHES)} or all")
     ap.add_argument("--out", default=str(ROOT / "benchmarks"), help="output directory")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
     ap.add_argument("--name", default=None, help="base name of the result files")
+    ap.add_argument("--warm-ms", type=_nonneg_ms, default=WARM_MS,
+                    help="milliseconds of back-to-back calls before each timed series "
+                         f"(default {WARM_MS:g}; 0: only the few warm-up calls)")
     ap.add_argument("--replot", metavar="JSON", help="redraw the PNG of a result file and exit")
     args = ap.parse_args(argv)
     if args.replot:
@@ -230,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with nxrt.CudaRuntime(0) as rt:
-        ctx = BenchContext(rt, quick=args.quick)
+        ctx = BenchContext(rt, quick=args.quick, warm_ms=args.warm_ms)
         ctx.measure_ceilings()
         rows: list[dict] = []
         for w in which:
