@@ -23,10 +23,17 @@ def test_tool_help(tool: str, words: str) -> None:
     assert words in " ".join(r.stdout.split()), r.stdout
 
 
-def test_bench_refuses_negative_warm_up() -> None:
+@pytest.mark.parametrize("value", ["-1", "inf", "nan"])
+def test_bench_refuses_bad_warm_up(value: str) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "index_share",
-                        "--warm-ms", "-1"], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "--warm-ms: must be a number >= 0" in r.stderr, r.stderr
+                        "--warm-ms", value], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--warm-ms: must be a finite number >= 0" in r.stderr, r.stderr
+
+
+def test_graph_gap_refuses_bad_spin() -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "graph_gap.py"), "--spin-us", "5",
+                        "inf"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "numbers in [0, 100000]" in r.stderr, r.stderr
 
 
 def test_graph_gap_kernel_compiles() -> None:

@@ -14,6 +14,7 @@ import argparse
 import datetime as _dt
 import importlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -45,8 +46,8 @@ class BenchContext:
     def __init__(self, rt: nxrt.CudaRuntime, quick: bool = False, warm_ms: float = WARM_MS) -> None:
         self.rt = rt
         self.quick = quick
-        if not warm_ms >= 0:
-            raise ValueError(f"warm_ms must be >= 0, got {warm_ms!r}")
+        if not 0 <= warm_ms < math.inf:
+            raise ValueError(f"warm_ms must be a finite number >= 0, got {warm_ms!r}")
         self.warm_ms = float(warm_ms)
         try:
             import torch
@@ -62,13 +63,14 @@ class BenchContext:
         print(f"[bench] {msg}", flush=True)
 
     def _keep_busy(self, fn: Callable[[], Any], sync: Callable[[], None]) -> None:
-        """Run ``fn`` back to back for about ``warm_ms`` of device time, then ``sync``.
+        """Run ``fn`` back to back for ``warm_ms`` of wall time, then ``sync``.
 
-        The H200 idles at a low SM clock (345 MHz read by nvidia-smi) and a case's setup
-        (inputs, compiling, capturing) leaves the device idle long enough to drop there, so a
-        few calls of warm-up do not reach the steady state a timed run should see. Calls go
-        in chunks (1, 2, 4, ... 256 calls, a sync after each) until ``warm_ms`` of wall time
-        has passed.
+        A case's set-up (inputs, compiling, capturing) leaves the device idle, and after only
+        a few warm-up calls the first timed samples of a call of some microseconds read up to
+        ~2 us slow (H200, IndexShare decode; nvidia-smi's 50 ms samples show the SM clock at
+        its maximum throughout, so whatever state it is lies below that resolution: NOTES,
+        IndexShare round 12). Calls go in chunks (1, 2, 4, ... 256 calls, a sync after each)
+        until ``warm_ms`` has passed.
         """
         t0 = time.perf_counter()
         chunk = 1
@@ -238,8 +240,8 @@ def replot(json_path: Path) -> Path:
 
 def _nonneg_ms(text: str) -> float:
     v = float(text)
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    if not 0 <= v < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return v
 
 

@@ -72,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="kernel spin times in microseconds (default 0 20)")
     ap.add_argument("--json", help="write every number here")
     args = ap.parse_args(argv)
-    if any(not s >= 0 for s in args.spin_us):
-        ap.error("--spin-us values must be >= 0")
+    if any(not 0 <= s <= 100_000 for s in args.spin_us):
+        ap.error("--spin-us values must be numbers in [0, 100000]")
     reason = nxrt.gpu_missing_reason()
     if reason:
         print(f"graph_gap: {reason}; nothing to measure", file=sys.stderr)
