@@ -5,10 +5,11 @@ Run: ``python tools/graph_gap.py [--spin-us US ...] [--json PATH]``. One kernel 
 for a set time (``clock64``) is captured alone in a graph, in each of the shapes the
 IndexShare decode kernel has or lacks: 128 CTAs of 384 threads, with or without 226 KB of
 dynamic shared memory, two-CTA clusters and programmatic dependent launch, plus a 1-CTA
-control. Each graph is replayed as ``tools/bench.py`` times one call per graph (2 replays
-per event pair from an idle device) and back to back (20 per pair, the device kept busy):
-the back-to-back time minus the spin is what one graph launch adds on the device, the
-2-per-pair time adds half of the first replay's host latency on top.
+control. Each graph is timed by the bench's own timer (``BenchContext.time_ours``: its
+warm-up, then the median of 20 event pairs), with 2 replays per pair as ``tools/bench.py``
+times one call per graph, and with 20 per pair (the device kept busy): the 20-per-pair
+time minus the spin is what one graph launch adds on the device, the 2-per-pair time adds
+half of the first replay's host latency on top.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from bench import BenchContext  # noqa: E402
 
 import nxrt  # noqa: E402
 from nxrt._check import check, driver  # noqa: E402
@@ -48,22 +53,13 @@ SHAPES = ((0, 0, 0, 128), (0, 0, 226688, 128), (1, 0, 0, 128), (1, 0, 226688, 12
           (1, 1, 226688, 128), (0, 1, 226688, 128), (0, 0, 0, 1))
 
 
-def per_replay_us(rt: nxrt.CudaRuntime, graph: nxrt.Graph, per_pair: int, events: tuple,
-                  pairs: int = 20) -> float:
-    """Median device microseconds per replay, ``per_pair`` replays between two events."""
-    s = rt.stream.handle
-    for _ in range(50):
-        graph.replay()
-    rt.synchronize()
-    times = []
-    for _ in range(pairs):
-        check(driver.cuEventRecord(events[0], s), "cuEventRecord")
+def per_replay_us(ctx: BenchContext, graph: nxrt.Graph, per_pair: int) -> float:
+    """Median device microseconds per replay, ``per_pair`` replays between two events (the
+    bench's timer and warm-up)."""
+    def replays() -> None:
         for _ in range(per_pair):
             graph.replay()
-        check(driver.cuEventRecord(events[1], s), "cuEventRecord")
-        check(driver.cuEventSynchronize(events[1]), "cuEventSynchronize")
-        times.append(check(driver.cuEventElapsedTime(events[0], events[1]), "cuEventElapsedTime"))
-    return float(np.median(times)) / per_pair * 1e3
+    return ctx.time_ours(replays) / per_pair * 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE, rt.device.handle),
             "cuDeviceGetAttribute")
         out = rt.alloc_raw(4 * 1024)
-        events = tuple(check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
+        ctx = BenchContext(rt)
         try:
             for spin_us in args.spin_us:
                 cycles = np.int64(round(spin_us * clock_khz / 1e3))
@@ -99,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                         rt.launch(fn, ctas, 384, [out, cycles], shared_mem=smem,
                                   programmatic=bool(pdl))
                     try:
-                        two = per_replay_us(rt, graph, 2, events)
-                        busy = per_replay_us(rt, graph, 20, events)
+                        two = per_replay_us(ctx, graph, 2)
+                        busy = per_replay_us(ctx, graph, 20)
                     finally:
                         graph.destroy()
                     r = dict(spin_us=spin_us, cluster=cl, programmatic=pdl, smem=smem, ctas=ctas,
@@ -110,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
                           f"ctas {ctas:3d}:  2 per pair {two:6.2f} us   back to back "
                           f"{busy:6.2f} us", flush=True)
         finally:
-            for e in events:
-                driver.cuEventDestroy(e)
             rt.free_raw(out)
         gpu = rt.capabilities.name
     if args.json:
