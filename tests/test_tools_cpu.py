@@ -78,9 +78,47 @@ def test_trace_index_share_specs() -> None:
     assert v.defines == {"IS_PREG": "64", "IS_TRACE": "1"}
     assert parse_variant("shipped").defines == {}
     for bad, why in (("a:kt", "KEY=VALUE"), ("a:trace=2", "0 or 1"), ("a:zz=1", "unknown key"),
+                     ("a:cps=0", "cps must be >= 1"), ("a:cps=x", "invalid literal"),
                      ("a:src=/no/such/file.cu", "no file"), (":kt=64", "empty name")):
         with pytest.raises(ValueError, match=why):
             parse_variant(bad)
+    assert parse_variant("u:cps=1152").cps == 1152
+    assert parse_variant("shipped").cps is None
+
+
+def test_trace_index_share_cps_hook() -> None:
+    """``cps=`` re-splits the decode cluster plan (split 0 takes cps keys, shared memory
+    re-sized for them), leaves other plans alone, and refuses a split that is not whole tiles
+    or leaves split 1 empty."""
+    import importlib
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_index_share_cpu import _geom
+
+    from nxrt_kernels import _common, index_share
+
+    saved = (index_share._plan, index_share._ws_variant, _common.get_function)
+    try:
+        trace = importlib.import_module("trace_index_share")
+        hooks = trace._Hooks(SimpleNamespace(launch=lambda *a, **k: None))
+        g = _geom(128)  # B 64, N 128, top-k 2048: the cluster plan
+        base = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+        assert base.merge == "cluster" and base.cps == 1024
+        hooks.cps = 1152
+        p = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+        assert (p.cps, p.splits, p.merge) == (1152, 2, "cluster")
+        assert p.smem == index_share._ws_smem(128, 1152, 0, 1, 128) > base.smem
+        for bad in (1000, 2048):
+            hooks.cps = bad
+            with pytest.raises(ValueError, match="multiple of the 128-key tile"):
+                index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+        hooks.cps = 1152  # a plan without the cluster merge is left as it is
+        small = index_share._plan(_geom(128, b=1), 132, True, "wg", False, wg_arch=True)
+        assert small.merge != "cluster" and small.cps != 1152
+    finally:
+        index_share._plan, index_share._ws_variant, _common.get_function = saved
 
 
 def test_trace_build_compiles() -> None:

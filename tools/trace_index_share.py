@@ -14,10 +14,14 @@ each variant of the warp-specialised cluster build (``cuda/index_share_ws.cu``):
   done, partner's half landed, combined, stored; see the kernel's header) into a buffer
   passed as ``part_o``. Printed: the median over CTAs and the latest CTA of each phase, in
   microseconds from the first CTA's start (median of 10 replays), the skew between the
-  two CTAs of a cluster, and, from two graphs replayed back to back, the gap between the
-  first kernel's last stamp and the second kernel's first.
+  two CTAs of a cluster, the medians of each cluster rank (split) apart, and, from two
+  graphs replayed back to back, the gap between the first kernel's last stamp and the
+  second kernel's first.
 
-Variant spec: ``NAME[:KEY=VALUE,...]`` with keys ``kt`` (the plan knob, 64 or 128), ``src``
+Variant spec: ``NAME[:KEY=VALUE,...]`` with keys ``kt`` (the plan knob, 64 or 128), ``cps``
+(columns per split: a multiple of the tile, below top-k; split 0 takes ``cps`` selected keys
+and split 1 the rest, so an unequal split shows whether a CTA streams faster once its
+partner is done; the bits differ from the shipped plan's), ``src``
 (a path: an edited copy of ``index_share_ws.cu`` to A/B against the shipped one; the
 package's headers still apply), ``trace`` (0/1), ``pdl`` (0: launch without programmatic
 dependent launch) and ``D<NAME>`` (an extra ``-D<NAME>=VALUE`` for the build). Every variant
@@ -31,6 +35,7 @@ Needs an sm_90 GPU and torch (inputs and the peer). The package is patched in-pr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -59,6 +64,7 @@ class VariantSpec:
 
     name: str
     knobs: dict[str, Any] = field(default_factory=dict)
+    cps: int | None = None
     defines: dict[str, str] = field(default_factory=dict)
     src: str | None = None
     trace: bool = False
@@ -86,6 +92,10 @@ def parse_variant(text: str) -> VariantSpec:
             raise ValueError(f"variant {text!r}: {item!r} is not KEY=VALUE")
         if key == "kt":
             spec.knobs["kt"] = int(value)
+        elif key == "cps":
+            spec.cps = int(value)
+            if spec.cps < 1:
+                raise ValueError(f"variant {text!r}: cps must be >= 1")
         elif key == "src":
             if not Path(value).is_file():
                 raise ValueError(f"variant {text!r}: no file {value}")
@@ -98,7 +108,7 @@ def parse_variant(text: str) -> VariantSpec:
             spec.defines[key[1:]] = value
         else:
             raise ValueError(f"variant {text!r}: unknown key {key!r} "
-                             "(kt, src, trace, pdl, D<NAME>)")
+                             "(kt, cps, src, trace, pdl, D<NAME>)")
     if spec.trace:
         spec.defines["IS_TRACE"] = "1"
     return spec
@@ -115,8 +125,21 @@ class _Hooks:
         self.src: str | None = None
         self.trace_ptr = 0
         self.pdl = True
+        self.cps: int | None = None
         orig_variant, orig_get, orig_launch = (index_share._ws_variant, _common.get_function,
                                                rt.launch)
+        orig_plan = index_share._plan
+
+        def plan(g: Any, *a: Any, **k: Any) -> Any:
+            p = orig_plan(g, *a, **k)
+            if self.cps is None or p.merge != "cluster":
+                return p
+            kt = p.knobs.get("kt") or index_share._WS_KT
+            if self.cps % kt or self.cps >= g.width:
+                raise ValueError(f"cps={self.cps}: must be a multiple of the {kt}-key tile "
+                                 f"and below top-k {g.width}")
+            return dataclasses.replace(p, cps=self.cps, smem=index_share._ws_smem(
+                g.head_size, self.cps, 0, 1, kt))
 
         def ws_variant(*a: Any, **k: Any) -> Any:
             v = orig_variant(*a, **k)
@@ -146,6 +169,7 @@ class _Hooks:
             orig_launch(fn, grid, block, args, shared_mem, **kw)
 
         index_share._ws_variant = ws_variant
+        index_share._plan = plan
         _common.get_function = get_function
         rt.launch = launch
 
@@ -166,7 +190,14 @@ def _stats(stamps: Any, np: Any) -> dict[str, Any]:
         loop_end = np.nanmax(r[:, :, 6:8], axis=2)
         skew = np.abs(loop_end[:, 0::2] - loop_end[:, 1::2])
     keep = [i for i in range(STAMPS) if med[i] == med[i]]
+    # Per cluster rank (CTA 2 j + rank = split `rank` of task j): the two splits' medians.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        by_rank = [np.nanmedian(np.nanmedian(r[:, k::2], axis=1), axis=0) for k in (0, 1)]
+    ranks = {f"rank{k}": {PHASES[i]: round(float(m[i]), 3) for i in keep if m[i] == m[i]}
+             for k, m in enumerate(by_rank)}
     return dict(median={PHASES[i]: round(float(med[i]), 3) for i in keep},
+                rank_median=ranks,
                 last={PHASES[i]: round(float(last[i]), 3) for i in keep},
                 partner_skew_median=round(float(np.nanmedian(skew)), 3),
                 partner_skew_max=round(float(np.nanmedian(np.nanmax(skew, axis=1))), 3))
@@ -192,7 +223,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     def one(c: dict[str, Any], sets: list[dict], ref: Any, spec: VariantSpec,
             first: Any) -> tuple[dict[str, Any], Any]:
-        hooks.defines, hooks.src, hooks.pdl = spec.defines, spec.src, spec.pdl
+        hooks.defines, hooks.src, hooks.pdl, hooks.cps = (spec.defines, spec.src, spec.pdl,
+                                                           spec.cps)
         kern = index_share.IndexShareFactory(rt).create(B.node_for(c))
         kern.plan_override = dict(spec.knobs) or None
         bufs = [torch.zeros(rt.capabilities.sm_count * STAMPS, dtype=torch.int64,
@@ -234,6 +266,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(f"{spec.name:20s} median: {line}")
                 line = " ".join(f"{k}={v:.2f}" for k, v in out["last"].items())
                 print(f"{spec.name:20s} latest: {line}")
+                for rk, phases in out["rank_median"].items():
+                    line = " ".join(f"{k}={v:.2f}" for k, v in phases.items()
+                                    if k in ("staged", "issued", "loop_w1", "loop_w2",
+                                             "partner_w1", "stored_w1"))
+                    print(f"{spec.name:20s} {rk} median: {line}")
                 print(f"{spec.name:20s} partner skew of the loop end: median "
                       f"{out['partner_skew_median']:.2f} max {out['partner_skew_max']:.2f}; "
                       f"back-to-back replays: last stamp -> next start "
@@ -285,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default="n128c8k,n64c8k",
                     help="comma-separated n<heads>c<cache in k> (default n128c8k,n64c8k)")
     ap.add_argument("--variant", action="append",
-                    help="NAME[:kt=..,src=PATH,trace=0|1,pdl=0|1,D<NAME>=..] (repeatable; "
+                    help="NAME[:kt=..,cps=..,src=PATH,trace=0|1,pdl=0|1,D<NAME>=..] (repeatable; "
                          f"default {' '.join(DEFAULT_VARIANTS)})")
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds per variant (default 2)")
     ap.add_argument("--replays", type=int, default=10, help="traced replays (default 10)")

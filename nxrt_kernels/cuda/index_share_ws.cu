@@ -675,6 +675,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     auto rescale = [&]() { is_acc_rescale<HB>(o, corr); };
 
     mbar_wait(bar_q(bars, qslot), (qn / QS) & 1);
+#if IS_CLUSTER
+    // The rows' L (quad sums of l_run; final after the last softmax): sent ahead to the
+    // partner and used by the merge. The threads that send (the active warpgroups) and the
+    // partner's rank.
+    float Lq[2] = {0.f, 0.f};
+    const int nsrc = t.nh > 64 ? 2 * NTP : NTP;
+    const unsigned peer = (unsigned)(cl_rank ^ 1);
+#endif
     if (!active) {
       // Idle (the item has at most 64 heads): only the waits and releases of the loop.
       for (int it = 0; it < ntiles; ++it) {
@@ -708,8 +716,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       for (int it = 0; it + 1 < ntiles; ++it) {
         const int g0 = gt + it, g1 = g0 + 1;
         const int st0 = g0 % NST, st1 = g1 % NST;
+        // K(t+1) is issued before V(t) and lands first: S(t+1) goes as soon as it has, and
+        // V(t) is waited for only before P(t) V(t) (NOTES IndexShare round 13).
         mbar_wait(bar_kfull(bars, st1), (g1 / NST) & 1);
-        mbar_wait(bar_vfull(bars, st0), (g0 / NST) & 1);
         fence_proxy_async();
         if (pp) named_bar_sync(bar_mine, 2 * NTP);
         wg_fence();
@@ -718,6 +727,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         rescale();  // O is no wgmma's accumulator now: P(t-1) V(t-1) retired
 #pragma unroll
         for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
+        mbar_wait(bar_vfull(bars, st0), (g0 / NST) & 1);
+        fence_proxy_async();
         wg_fence();
         issue_pv(st0);
         wg_commit();
@@ -744,12 +755,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         // The rows' (m, L) are final (the last softmax ran): to the partner now, on their
         // own mbarrier, so that its merge weights are computed while the last P V runs and
         // the O granules travel (H200: the stores 0.25 us earlier, NOTES round 11).
-        const float Lq0 = is_quad_sum(l_run[0]), Lq1 = is_quad_sum(l_run[1]);
-        const int nsrc = t.nh > 64 ? 2 * NTP : NTP;  // threads that send (active warpgroups)
+        Lq[0] = is_quad_sum(l_run[0]);
+        Lq[1] = is_quad_sum(l_run[1]);
         if (ctid == 0) ws_mbar_expect_tx(bar_xml(bars), 16u * (unsigned)nsrc);
-        const unsigned peer = (unsigned)(cl_rank ^ 1);
         ws_st_async4(nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer) + 4096u * XH,
-                     m_run[0], m_run[1], Lq0, Lq1, nxrt::cluster_mapa(bar_xml(bars), peer));
+                     m_run[0], m_run[1], Lq[0], Lq[1], nxrt::cluster_mapa(bar_xml(bars), peer));
       }
 #endif
       if (ntiles > 0) {
@@ -783,11 +793,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // as soon as its own O is final, and the thread with the same ctid in the partner (the
     // same rows and columns) finishes from its registers and the inbox.
     if (active) {
-      const float Lq[2] = {is_quad_sum(l_run[0]), is_quad_sum(l_run[1])};
-      const int nsrc = t.nh > 64 ? 2 * NTP : NTP;  // threads that send (active warpgroups)
       if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), XH * 16u * (unsigned)nsrc);
       {
-        const unsigned peer = (unsigned)(cl_rank ^ 1);
         const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
         const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
         // (Unrolled over every granule, so the register indices are constants.)
