@@ -88,8 +88,9 @@ def test_trace_index_share_specs() -> None:
 
 def test_trace_index_share_cps_hook() -> None:
     """``cps=`` re-splits the decode cluster plan (split 0 takes cps keys, shared memory
-    re-sized for them), leaves other plans alone, and refuses a split that is not whole tiles
-    or leaves split 1 empty."""
+    re-sized for them) and refuses a split that is not whole tiles, is below half of top-k
+    (the kernel would drop keys) or not below it, needs more shared memory than the device
+    has, or a plan without the cluster merge."""
     import importlib
     from types import SimpleNamespace
 
@@ -110,13 +111,17 @@ def test_trace_index_share_cps_hook() -> None:
         p = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
         assert (p.cps, p.splits, p.merge) == (1152, 2, "cluster")
         assert p.smem == index_share._ws_smem(128, 1152, 0, 1, 128) > base.smem
-        for bad in (1000, 2048):
+        # Not whole tiles; all of top-k; below half (split 1 would lose keys).
+        for bad in (1000, 2048, 512):
             hooks.cps = bad
             with pytest.raises(ValueError, match="multiple of the 128-key tile"):
                 index_share._plan(g, 132, True, "wg", False, wg_arch=True)
-        hooks.cps = 1152  # a plan without the cluster merge is left as it is
-        small = index_share._plan(_geom(128, b=1), 132, True, "wg", False, wg_arch=True)
-        assert small.merge != "cluster" and small.cps != 1152
+        hooks.cps = 1280  # 232832 bytes of shared memory at head size 128: over 227 KiB
+        with pytest.raises(ValueError, match="232832 bytes"):
+            index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+        hooks.cps = 1152  # a plan without the cluster merge: refused, not silently ignored
+        with pytest.raises(ValueError, match="decode cluster plan"):
+            index_share._plan(_geom(128, b=1), 132, True, "wg", False, wg_arch=True)
     finally:
         index_share._plan, index_share._ws_variant, _common.get_function = saved
 

@@ -19,9 +19,10 @@ each variant of the warp-specialised cluster build (``cuda/index_share_ws.cu``):
   second kernel's first.
 
 Variant spec: ``NAME[:KEY=VALUE,...]`` with keys ``kt`` (the plan knob, 64 or 128), ``cps``
-(columns per split: a multiple of the tile, below top-k; split 0 takes ``cps`` selected keys
-and split 1 the rest, so an unequal split shows whether a CTA streams faster once its
-partner is done; the bits differ from the shipped plan's), ``src``
+(columns per split, decode cluster plans only: a multiple of the tile, from half of top-k to
+below it, within the shared memory; split 0 takes ``cps`` selected keys and split 1 the
+rest, so an unequal split shows whether a CTA streams faster once its partner is done; the
+bits differ from the shipped plan's), ``src``
 (a path: an edited copy of ``index_share_ws.cu`` to A/B against the shipped one; the
 package's headers still apply), ``trace`` (0/1), ``pdl`` (0: launch without programmatic
 dependent launch) and ``D<NAME>`` (an extra ``-D<NAME>=VALUE`` for the build). Every variant
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import re
 import sys
@@ -132,14 +134,25 @@ class _Hooks:
 
         def plan(g: Any, *a: Any, **k: Any) -> Any:
             p = orig_plan(g, *a, **k)
-            if self.cps is None or p.merge != "cluster":
+            if self.cps is None:
                 return p
+            if p.merge != "cluster":
+                raise ValueError(f"cps={self.cps}: applies to the decode cluster plan; this "
+                                 f"plan merges {p.merge!r}")
             kt = p.knobs.get("kt") or index_share._WS_KT
-            if self.cps % kt or self.cps >= g.width:
-                raise ValueError(f"cps={self.cps}: must be a multiple of the {kt}-key tile "
-                                 f"and below top-k {g.width}")
-            return dataclasses.replace(p, cps=self.cps, smem=index_share._ws_smem(
-                g.head_size, self.cps, 0, 1, kt))
+            # Two splits: split 0 takes cps columns, split 1 the other width - cps (the
+            # kernel gives a split at most cps columns, so cps below half would drop keys).
+            if self.cps % kt or not g.width <= 2 * self.cps < 2 * g.width:
+                raise ValueError(f"cps={self.cps}: must be a multiple of the {kt}-key tile, "
+                                 f"at least half of top-k {g.width} and below it")
+            smem = index_share._ws_smem(g.head_size, self.cps, 0, 1, kt)
+            bound = inspect.signature(orig_plan).bind(g, *a, **k)
+            bound.apply_defaults()
+            if smem > bound.arguments["smem_max"]:
+                raise ValueError(f"cps={self.cps}: the cluster build would need {smem} bytes "
+                                 f"of shared memory; the device allows "
+                                 f"{bound.arguments['smem_max']}")
+            return dataclasses.replace(p, cps=self.cps, smem=smem)
 
         def ws_variant(*a: Any, **k: Any) -> Any:
             v = orig_variant(*a, **k)
