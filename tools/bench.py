@@ -46,9 +46,7 @@ class BenchContext:
     def __init__(self, rt: nxrt.CudaRuntime, quick: bool = False, warm_ms: float = WARM_MS) -> None:
         self.rt = rt
         self.quick = quick
-        if not 0 <= warm_ms < math.inf:
-            raise ValueError(f"warm_ms must be a finite number >= 0, got {warm_ms!r}")
-        self.warm_ms = float(warm_ms)
+        self.warm_ms = _nonneg_ms(warm_ms)
         try:
             import torch
 
@@ -238,10 +236,15 @@ def replot(json_path: Path) -> Path:
     return out
 
 
-def _nonneg_ms(text: str) -> float:
-    v = float(text)
+class _BadMs(argparse.ArgumentTypeError, ValueError):
+    """A bad millisecond count: argparse prints its message, Python callers get a ValueError."""
+
+
+def _nonneg_ms(value: str | float) -> float:
+    """A finite number of milliseconds >= 0 (``--warm-ms`` and ``BenchContext(warm_ms=)``)."""
+    v = float(value)
     if not 0 <= v < math.inf:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+        raise _BadMs(f"must be a finite number >= 0, got {value!r}")
     return v
 
 

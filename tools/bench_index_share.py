@@ -116,7 +116,7 @@ def views_of(s: dict) -> tuple[list, list]:
 
 
 def in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],
-                  peers: list | None) -> dict[str, Any]:
+                 peers: list | None) -> dict[str, Any]:
     """Milliseconds per call of STEP_CALLS calls captured in one graph (sets alternating),
     for ours and for the torch peer (a torch CUDA graph of the same calls; ``peers`` None:
     ours only, ``peer_ms`` None)."""

@@ -202,11 +202,9 @@ def _stats(stamps: Any, np: Any) -> dict[str, Any]:
         last = np.nanmedian(np.nanmax(r, axis=1), axis=0)
         loop_end = np.nanmax(r[:, :, 6:8], axis=2)
         skew = np.abs(loop_end[:, 0::2] - loop_end[:, 1::2])
-    keep = [i for i in range(STAMPS) if med[i] == med[i]]
-    # Per cluster rank (CTA 2 j + rank = split `rank` of task j): the two splits' medians.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+        # Per cluster rank (CTA 2 j + rank = split `rank` of task j): the splits' medians.
         by_rank = [np.nanmedian(np.nanmedian(r[:, k::2], axis=1), axis=0) for k in (0, 1)]
+    keep = [i for i in range(STAMPS) if med[i] == med[i]]
     ranks = {f"rank{k}": {PHASES[i]: round(float(m[i]), 3) for i in keep if m[i] == m[i]}
              for k, m in enumerate(by_rank)}
     return dict(median={PHASES[i]: round(float(med[i]), 3) for i in keep},
