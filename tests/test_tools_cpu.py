@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,89 @@ def test_trace_build_compiles() -> None:
     with pytest.raises(CompileError, match="IS_TRACE"):
         compile_source(src, "index_share_ws.cu", "sm_90a", [*plain.options, "-DIS_TRACE=1"],
                        _common.headers(), cubin=False)
+
+
+def _bench_module():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench
+
+    return bench
+
+
+def test_smi_samples_summary() -> None:
+    """nvidia-smi's csv lines become the sustained-state summary; junk lines are skipped."""
+    bench = _bench_module()
+    text = ("1785, 632.10, 0x0000000000000004\n1980, 415.2, 0x0000000000000000\n"
+            "[N/A], [N/A], [N/A]\nFailed to initialize NVML\n1395, 709.0, 0x0000000000000001\n")
+    got = bench.parse_smi_samples(text)
+    assert got == {"samples": 3, "sm_clock_mhz_min": 1395.0, "sm_clock_mhz_median": 1785.0,
+                   "power_w_median": 632.1, "power_w_max": 709.0,
+                   "throttle": ["gpu_idle", "sw_power_cap"]}
+    assert bench.parse_smi_samples("") is None
+    assert bench.parse_smi_samples("No devices were found\n") is None
+    assert bench.throttle_names(0) == []
+    assert bench.throttle_names(0x4 | 0x40 | 0x1000) == ["sw_power_cap", "hw_thermal_slowdown",
+                                                         "0x1000"]
+
+
+def test_device_sampler_reads_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sampler starts nvidia-smi with the query, waits for its first sample, and
+    summarises every line printed until the block ends (a stand-in nvidia-smi here)."""
+    bench = _bench_module()
+    fake = tmp_path / "nvidia-smi"
+    log = tmp_path / "args"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    f"echo \"$@\" > {log}\n"
+                    "echo '1980, 500.0, 0x0000000000000000'\n"
+                    "while true; do echo '1700, 699.5, 0x0000000000000004'; sleep 0.01; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with bench.DeviceSampler("GPU-0123", period_ms=10) as smp:
+        time.sleep(0.2)
+    s = smp.summary
+    assert s is not None and s["samples"] >= 3
+    assert s["sm_clock_mhz_min"] == 1700.0 and s["power_w_max"] == 699.5
+    assert s["throttle"] == ["sw_power_cap"]
+    args = log.read_text().split()
+    assert "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active" in args
+    assert "--id=GPU-0123" in args and "-lms=10" in args
+
+
+def test_device_sampler_without_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bench = _bench_module()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with bench.DeviceSampler(None) as smp:
+        pass
+    assert smp.cmd is None and smp.summary is None
+
+
+@pytest.mark.parametrize("value", ["-5", "inf"])
+def test_bench_refuses_bad_state_ms(value: str) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "index_share",
+                        "--state-ms", value], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--state-ms: must be a finite number >= 0" in r.stderr, r.stderr
+
+
+def test_trace_stats_medians_and_timer_step() -> None:
+    """_stats on synthetic stamps: phases relative to the first CTA's start, the latest CTA,
+    the partners' loop-end skew and the timer's step (stamps on a 256 ns grid)."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from trace_index_share import PHASES, _stats
+
+    reps = []
+    for r in range(3):
+        a = np.zeros((4, len(PHASES)), dtype=np.int64)
+        base = 10_000_000 * (r + 1) + 256 * np.array([0, 0, 1, 1])  # two clusters
+        for k in range(len(PHASES)):
+            a[:, k] = base + 256 * (4 * k)
+        a[1, 7] += 512  # CTA 1's loop end two steps after its partner's (CTA 0)
+        a[:, 15] = 0  # a phase no CTA stamps
+        reps.append(a)
+    st = _stats(reps, np)
+    assert st["timer_step_ns"] == 256
+    assert "staged_w2" not in st["median"] and "staged_w1" in st["median"]
+    assert st["median"]["start"] == 0.128 and st["last"]["start"] == 0.256
+    assert st["median"]["loop_w2"] == 7.424  # 7.168 + the CTAs' offsets 0, 0.512, 0.256, 0.256
+    assert st["partner_skew_max"] == 0.512

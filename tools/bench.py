@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -39,14 +40,95 @@ BENCHES = ("runtime", "attention", "paged", "index_share")
 #: ``triton.testing.do_bench``'s default warm-up (25 ms).
 WARM_MS = 25.0
 
+#: Milliseconds of back-to-back calls behind a row's sustained state (``--state-ms``).
+STATE_MS = 200.0
+
+#: nvidia-smi's ``clocks_throttle_reasons.active`` bits (NVML's clock event reasons).
+THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
+                 0x8: "hw_slowdown", 0x10: "sync_boost", 0x20: "sw_thermal_slowdown",
+                 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+                 0x100: "display_clock_setting"}
+
+
+def throttle_names(mask: int) -> list[str]:
+    """The reasons set in a throttle bit mask (unknown bits as hex)."""
+    names = [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+    rest = mask & ~sum(THROTTLE_BITS)
+    return names + ([hex(rest)] if rest else [])
+
+
+def parse_smi_samples(text: str) -> dict[str, Any] | None:
+    """Summarise nvidia-smi lines ``clocks.sm, power.draw, clocks_throttle_reasons.active``
+    (``--format=csv,noheader,nounits``): SM clock min / median (MHz), power median / max (W)
+    and every throttle reason seen. None without a parsable sample."""
+    clk, pw, mask = [], [], 0
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) != 3:
+            continue
+        try:
+            c, w, m = float(parts[0]), float(parts[1]), int(parts[2], 16)
+        except ValueError:  # "[N/A]", an error message
+            continue
+        clk.append(c)
+        pw.append(w)
+        mask |= m
+    if not clk:
+        return None
+    return {"samples": len(clk), "sm_clock_mhz_min": min(clk),
+            "sm_clock_mhz_median": float(np.median(clk)),
+            "power_w_median": round(float(np.median(pw)), 1), "power_w_max": max(pw),
+            "throttle": throttle_names(mask)}
+
+
+class DeviceSampler:
+    """nvidia-smi sampling the SM clock, power draw and throttle reasons of one GPU every
+    ``period_ms`` while the ``with`` block runs; ``summary`` afterwards (None when nvidia-smi
+    is missing or printed nothing parsable). The block starts after the first sample."""
+
+    QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+
+    def __init__(self, gpu_id: str | None, period_ms: int = 10) -> None:
+        self.cmd = None
+        exe = shutil.which("nvidia-smi")
+        if exe:
+            self.cmd = [exe, f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
+                        f"-lms={int(period_ms)}"] + ([f"--id={gpu_id}"] if gpu_id else [])
+        self._proc: subprocess.Popen | None = None
+        self._first = ""
+        self.summary: dict[str, Any] | None = None
+
+    def __enter__(self) -> DeviceSampler:
+        if self.cmd:
+            try:
+                self._proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE,
+                                              stderr=subprocess.DEVNULL, text=True)
+                self._first = self._proc.stdout.readline() if self._proc.stdout else ""
+            except OSError:
+                self._proc = None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._proc is None:
+            return
+        self._proc.terminate()
+        try:
+            rest, _ = self._proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            rest, _ = self._proc.communicate()
+        self.summary = parse_smi_samples(self._first + (rest or ""))
+
 
 class BenchContext:
     """What a benchmark module gets: the runtime, torch (or None), ceilings and timers."""
 
-    def __init__(self, rt: nxrt.CudaRuntime, quick: bool = False, warm_ms: float = WARM_MS) -> None:
+    def __init__(self, rt: nxrt.CudaRuntime, quick: bool = False, warm_ms: float = WARM_MS,
+                 state_ms: float = STATE_MS) -> None:
         self.rt = rt
         self.quick = quick
         self.warm_ms = _nonneg_ms(warm_ms)
+        self.state_ms = _nonneg_ms(state_ms)
         try:
             import torch
 
@@ -77,6 +159,41 @@ class BenchContext:
                 fn()
             sync()
             chunk = min(2 * chunk, 256)
+
+    def _gpu_id(self) -> str | None:
+        """This device's UUID as nvidia-smi names it (GPU-xxxxxxxx-...), None if unknown."""
+        try:
+            u = check(driver.cuDeviceGetUuid(self.rt.device.handle), "cuDeviceGetUuid").bytes
+        except Exception:
+            return None
+        h = bytes(u).hex()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+    def sustained_state(self, fn: Callable[[], Any], sync: Callable[[], None] | None = None
+                        ) -> dict[str, Any] | None:
+        """The device state ``fn`` settles in when run back to back for ``state_ms``
+        (chunks as the warm-up, ``sync`` after each; default: this runtime's): nvidia-smi's
+        SM clock, power and throttle reasons (:func:`parse_smi_samples`), sampled every 10 ms
+        after the first 20 % of the run. None when ``state_ms`` is 0 or nvidia-smi is
+        missing. Run it after a row's timed series: the sampling process does not run beside
+        the timing."""
+        if self.state_ms <= 0:
+            return None
+        sync = sync or self.rt.synchronize
+        lead = 0.2 * self.state_ms
+
+        def run_for(ms: float) -> None:
+            t0, chunk = time.perf_counter(), 1
+            while (time.perf_counter() - t0) * 1e3 < ms:
+                for _ in range(chunk):
+                    fn()
+                sync()
+                chunk = min(2 * chunk, 256)
+
+        run_for(lead)  # the clocks settle before the first sample
+        with DeviceSampler(self._gpu_id()) as smp:
+            run_for(self.state_ms - lead)
+        return smp.summary
 
     def time_ours(self, fn: Callable[[], None], warmup: int = 3, reps: int = 20) -> float:
         """Median milliseconds of ``fn`` (which enqueues work on ``rt.stream``), by device events,
@@ -115,9 +232,10 @@ class BenchContext:
         return float(np.median(times))
 
     def time_torch_graph(self, fns: list[Callable[[], Any]], repeat: int, warmup: int = 3,
-                         reps: int = 20) -> float:
+                         reps: int = 20, states: list | None = None) -> float:
         """Median milliseconds per call of ``fns`` run ``repeat`` times over, all captured in
-        one torch CUDA graph (each fn is run once eagerly first: allocations, autotuning)."""
+        one torch CUDA graph (each fn is run once eagerly first: allocations, autotuning).
+        ``states``: the graph's :meth:`sustained_state` is appended to it."""
         torch = self.torch
         assert torch is not None
         for fn in fns:
@@ -128,7 +246,10 @@ class BenchContext:
             for _ in range(repeat):
                 for fn in fns:
                     fn()
-        return self.time_torch(graph.replay, warmup=warmup, reps=reps) / (repeat * len(fns))
+        ms = self.time_torch(graph.replay, warmup=warmup, reps=reps) / (repeat * len(fns))
+        if states is not None:
+            states.append(self.sustained_state(graph.replay, torch.cuda.synchronize))
+        return ms
 
     def measure_ceilings(self) -> dict[str, float]:
         nbytes = (256 << 20) if self.quick else (2 << 30)
@@ -241,7 +362,8 @@ class _BadMs(argparse.ArgumentTypeError, ValueError):
 
 
 def _nonneg_ms(value: str | float) -> float:
-    """A finite number of milliseconds >= 0 (``--warm-ms`` and ``BenchContext(warm_ms=)``)."""
+    """A finite number of milliseconds >= 0 (``--warm-ms``, ``--state-ms`` and
+    ``BenchContext``'s)."""
     v = float(value)
     if not 0 <= v < math.inf:
         raise _BadMs(f"must be a finite number >= 0, got {value!r}")
@@ -257,6 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-ms", type=_nonneg_ms, default=WARM_MS,
                     help="milliseconds of back-to-back calls before each timed series "
                          f"(default {WARM_MS:g}; 0: only the few warm-up calls)")
+    ap.add_argument("--state-ms", type=_nonneg_ms, default=STATE_MS,
+                    help="milliseconds of back-to-back calls after a row's timing, sampled by "
+                         "nvidia-smi for the clock, power and throttle reasons that the call "
+                         f"sustains (default {STATE_MS:g}; 0: none; index_share rows)")
     ap.add_argument("--replot", metavar="JSON", help="redraw the PNG of a result file and exit")
     args = ap.parse_args(argv)
     if args.replot:
@@ -273,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with nxrt.CudaRuntime(0) as rt:
-        ctx = BenchContext(rt, quick=args.quick, warm_ms=args.warm_ms)
+        ctx = BenchContext(rt, quick=args.quick, warm_ms=args.warm_ms, state_ms=args.state_ms)
         ctx.measure_ceilings()
         rows: list[dict] = []
         for w in which:

@@ -134,10 +134,14 @@ def in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],
     try:
         ms = ctx.time_ours(graph.replay) / calls
         rt.latch.check()
+        state = ctx.sustained_state(graph.replay)
     finally:
         graph.destroy()
-    tms = None if peers is None else ctx.time_torch_graph(peers, reps, warmup=2, reps=10)
-    return dict(ms=ms, peer_ms=tms, calls=calls)
+    pstates: list = []
+    tms = None if peers is None else ctx.time_torch_graph(peers, reps, warmup=2, reps=10,
+                                                          states=pstates)
+    return dict(ms=ms, peer_ms=tms, calls=calls, state=state,
+                peer_state=pstates[0] if pstates else None)
 
 
 def gathered_bytes(c: dict[str, Any], k: int = TOPK, h: int = HEAD) -> int:
@@ -163,6 +167,7 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
 
     ms = ctx.time_ours(ours) / len(graphs)
     rt.latch.check()
+    state = ctx.sustained_state(ours)
     rt.synchronize()
     first = sets[0]["y"].clone()
     graphs[0].replay()
@@ -171,6 +176,7 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
 
     peers = [torch_peer(torch, c, s) for s in sets]
     tms = ctx.time_torch(lambda: [p() for p in peers], warmup=2, reps=10) / len(peers)
+    peer_state = ctx.sustained_state(lambda: [p() for p in peers], torch.cuda.synchronize)
     ref = peers[0]().float()
     rel = float(torch.linalg.vector_norm(ref - first.float()) / torch.linalg.vector_norm(ref))
     gbps = gathered_bytes(c) / ms / 1e6
@@ -195,7 +201,7 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     name = " ".join([f"bf16 {c['kind']} B{c['b']} Sq{c['sq']} N{c['n']} Nkv{c['nkv']} H{HEAD}",
                      f"cache{c['cache'] // 1024}k top{TOPK}", "(" + " ".join(words) + ")"])
     extra = dict(ms=round(ms, 4), peer_ms=round(tms, 4), deterministic=deterministic,
-                 rel_fro_vs_torch=round(rel, 5))
+                 rel_fro_vs_torch=round(rel, 5), state=state, peer_state=peer_state)
     rows = [row("index_share", name, "GB/s", gbps, "copy-bandwidth", ceiling,
                 of_ceiling=None if not ceiling else gbps / ceiling, **extra),
             row("index_share", name, "1/ms", 1.0 / ms, "torch-gather-sdpa", 1.0 / tms, **extra)]
@@ -203,7 +209,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
         g = in_one_graph(ctx, kern, sets, peers)
         gname = f"{name}, {g['calls']} calls in one graph"
         ggbps = gathered_bytes(c) / g["ms"] / 1e6
-        gextra = dict(ms=round(g["ms"], 4), peer_ms=round(g["peer_ms"], 4))
+        gextra = dict(ms=round(g["ms"], 4), peer_ms=round(g["peer_ms"], 4), state=g["state"],
+                      peer_state=g["peer_state"])
         rows += [row("index_share", gname, "GB/s", ggbps, "copy-bandwidth", ceiling,
                      of_ceiling=None if not ceiling else ggbps / ceiling, **gextra),
                  row("index_share", gname, "1/ms", 1.0 / g["ms"], "torch-gather-sdpa, same graph",
@@ -211,6 +218,16 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     graphs.clear()  # destroys the graphs before the kernel frees its scratch
     kern.close()
     return rows
+
+
+def describe_state(st: dict | None) -> str:
+    """One line of a :meth:`BenchContext.sustained_state` summary."""
+    if not st:
+        return "not sampled"
+    thr = [t for t in st["throttle"] if t != "gpu_idle"]
+    return (f"SM {st['sm_clock_mhz_median']:.0f} MHz (min {st['sm_clock_mhz_min']:.0f}), "
+            f"{st['power_w_median']:.0f} W (max {st['power_w_max']:.0f})"
+            + (f", throttled: {' '.join(thr)}" if thr else ""))
 
 
 def run(ctx: BenchContext) -> list[dict]:
@@ -229,5 +246,9 @@ def run(ctx: BenchContext) -> list[dict]:
         for r in got:
             ctx.log(f"{r['case']}: {r['metric']} ours {r['ours']} peer {r['peer_value']} "
                     f"ratio {r['ratio']}")
+        for r in got[::2]:
+            if r.get("state") or r.get("peer_state"):
+                ctx.log(f"{r['case']}: sustained ours {describe_state(r.get('state'))}; "
+                        f"peer {describe_state(r.get('peer_state'))}")
         ctx.torch.cuda.empty_cache()
     return rows

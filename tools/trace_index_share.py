@@ -16,7 +16,13 @@ each variant of the warp-specialised cluster build (``cuda/index_share_ws.cu``):
   microseconds from the first CTA's start (median of 10 replays), the skew between the
   two CTAs of a cluster, the medians of each cluster rank (split) apart, and, from two
   graphs replayed back to back, the gap between the first kernel's last stamp and the
-  second kernel's first.
+  second kernel's first. ``%globaltimer`` has a coarse step (256 ns on the H200, printed as
+  ``timer step``): a phase boundary is known to a step in one CTA, so differences of a
+  fraction of a step show only in the medians over many CTAs and replays, and a single
+  median moves in steps;
+- with ``--state-ms N``, each timed variant's calls also run back to back for N ms while
+  nvidia-smi samples the SM clock, power draw and throttle reasons (``bench.py``'s sustained
+  state): whether a variant runs into the board's power cap.
 
 Variant spec: ``NAME[:KEY=VALUE,...]`` with keys ``kt`` (the plan knob, 64 or 128), ``cps``
 (columns per split, decode cluster plans only: a multiple of the tile, from half of top-k to
@@ -50,6 +56,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
+
+from bench import _nonneg_ms  # noqa: E402
 
 #: Names of the 16 stamps per CTA (IS_TRACE in cuda/index_share_ws.cu); w1/w2 = consumer
 #: warpgroup 1/2 (the second one idles, and stamps only its loop end, at <= 64 heads).
@@ -205,13 +213,17 @@ def _stats(stamps: Any, np: Any) -> dict[str, Any]:
         # Per cluster rank (CTA 2 j + rank = split `rank` of task j): the splits' medians.
         by_rank = [np.nanmedian(np.nanmedian(r[:, k::2], axis=1), axis=0) for k in (0, 1)]
     keep = [i for i in range(STAMPS) if med[i] == med[i]]
+    # The timer's step: the smallest gap between distinct stamps of one replay.
+    steps = [np.diff(np.unique(a[a > 0])) for a in stamps]
+    steps = [d[d > 0].min() for d in steps if (d > 0).any()]
     ranks = {f"rank{k}": {PHASES[i]: round(float(m[i]), 3) for i in keep if m[i] == m[i]}
              for k, m in enumerate(by_rank)}
     return dict(median={PHASES[i]: round(float(med[i]), 3) for i in keep},
                 rank_median=ranks,
                 last={PHASES[i]: round(float(last[i]), 3) for i in keep},
                 partner_skew_median=round(float(np.nanmedian(skew)), 3),
-                partner_skew_max=round(float(np.nanmedian(np.nanmax(skew, axis=1))), 3))
+                partner_skew_max=round(float(np.nanmedian(np.nanmax(skew, axis=1))), 3),
+                timer_step_ns=int(min(steps)) if steps else None)
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -225,7 +237,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     rt = nxrt.CudaRuntime()
     hooks = _Hooks(rt)
-    ctx = BenchContext(rt)
+    ctx = BenchContext(rt, state_ms=args.state_ms)
     specs = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
     results: list[dict[str, Any]] = []
 
@@ -285,10 +297,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(f"{spec.name:20s} partner skew of the loop end: median "
                       f"{out['partner_skew_median']:.2f} max {out['partner_skew_max']:.2f}; "
                       f"back-to-back replays: last stamp -> next start "
-                      f"{out['back_to_back_gap_us']:.2f} us", flush=True)
+                      f"{out['back_to_back_gap_us']:.2f} us; timer step "
+                      f"{out['timer_step_ns']} ns", flush=True)
                 return out, first
             ms = ctx.time_ours(lambda: [g.replay() for g in graphs]) / len(graphs)
             rt.latch.check()
+            state = ctx.sustained_state(lambda: [g.replay() for g in graphs])
             graphs[0].replay()
             rt.synchronize()
             y = sets[0]["y"].clone()
@@ -301,6 +315,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             print(f"{spec.name:20s} single {ms * 1e3:7.2f} us   {g8['calls']} in one graph "
                   f"{ms8 * 1e3:7.2f} us   err {err:.2e}   bitwise vs first "
                   f"{'-' if same is None else same}   kt {out['kt']}", flush=True)
+            if args.state_ms > 0:
+                out.update(state=state, graph_state=g8["state"])
+                print(f"{spec.name:20s} sustained: single {B.describe_state(state)}; in one graph "
+                      f"{B.describe_state(g8['state'])}", flush=True)
             return out, (y if first is None else first)
         finally:
             hooks.trace_ptr = 0
@@ -337,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"default {' '.join(DEFAULT_VARIANTS)})")
     ap.add_argument("--rounds", type=int, default=2, help="timed rounds per variant (default 2)")
     ap.add_argument("--replays", type=int, default=10, help="traced replays (default 10)")
+    ap.add_argument("--state-ms", type=_nonneg_ms, default=0.0,
+                    help="after each timed variant, run its calls back to back this long and "
+                         "print the SM clock, power and throttle reasons nvidia-smi samples "
+                         "(bench.py's sustained state; default 0: off)")
     ap.add_argument("--json", type=Path, help="write every number here")
     args = ap.parse_args(argv)
     for v in args.variant or DEFAULT_VARIANTS:  # fail early on a bad spec
