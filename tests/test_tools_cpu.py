@@ -233,3 +233,17 @@ def test_trace_stats_medians_and_timer_step() -> None:
     assert st["median"]["start"] == 0.128 and st["last"]["start"] == 0.256
     assert st["median"]["loop_w2"] == 7.424  # 7.168 + the CTAs' offsets 0, 0.512, 0.256, 0.256
     assert st["partner_skew_max"] == 0.512
+
+
+def test_device_sampler_gives_up_on_a_silent_nvidia_smi(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An nvidia-smi that prints nothing does not hang the bench: no sample, no summary."""
+    bench = _bench_module()
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/usr/bin/env bash\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    t0 = time.perf_counter()
+    with bench.DeviceSampler(None, first_s=0.3) as smp:
+        pass
+    assert smp.summary is None and time.perf_counter() - t0 < 10

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -84,11 +85,13 @@ def parse_smi_samples(text: str) -> dict[str, Any] | None:
 class DeviceSampler:
     """nvidia-smi sampling the SM clock, power draw and throttle reasons of one GPU every
     ``period_ms`` while the ``with`` block runs; ``summary`` afterwards (None when nvidia-smi
-    is missing or printed nothing parsable). The block starts after the first sample."""
+    is missing or printed nothing parsable). The block starts after the first sample, or
+    after ``first_s`` seconds without one (then nothing is sampled)."""
 
     QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
 
-    def __init__(self, gpu_id: str | None, period_ms: int = 10) -> None:
+    def __init__(self, gpu_id: str | None, period_ms: int = 10, first_s: float = 10.0) -> None:
+        self.first_s = first_s
         self.cmd = None
         exe = shutil.which("nvidia-smi")
         if exe:
@@ -103,21 +106,31 @@ class DeviceSampler:
             try:
                 self._proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE,
                                               stderr=subprocess.DEVNULL, text=True)
-                self._first = self._proc.stdout.readline() if self._proc.stdout else ""
             except OSError:
+                self._proc = None
+                return self
+            out = self._proc.stdout
+            if out is not None and select.select([out], [], [], self.first_s)[0]:
+                self._first = out.readline()
+            else:  # silent: stop it now, sample nothing
+                self._stop()
                 self._proc = None
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        if self._proc is None:
-            return
+    def _stop(self) -> str:
+        assert self._proc is not None
         self._proc.terminate()
         try:
             rest, _ = self._proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             rest, _ = self._proc.communicate()
-        self.summary = parse_smi_samples(self._first + (rest or ""))
+        return rest or ""
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._proc is None:
+            return
+        self.summary = parse_smi_samples(self._first + self._stop())
 
 
 class BenchContext:
