@@ -130,7 +130,8 @@ def test_trace_index_share_cps_hook() -> None:
 
 def test_trace_build_compiles() -> None:
     """The IS_TRACE build the tool asks for compiles (cluster build, sm_90a) and stamps
-    %globaltimer; the non-cluster build refuses it (its part_o holds the split partials)."""
+    %globaltimer and %clock64; the shipped build has neither; the non-cluster build refuses
+    IS_TRACE (its part_o holds the split partials)."""
     from nxrt.compiler import CompileError, compile_source
     from nxrt_kernels import _common, index_share
 
@@ -144,6 +145,11 @@ def test_trace_build_compiles() -> None:
                        _common.headers(), cubin=False)
     ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
     assert ptx.count("%globaltimer") >= 8
+    assert ptx.count("%clock64") == ptx.count("%globaltimer")  # a cycle count with every stamp
+    shipped = compile_source(src, "index_share_ws.cu", "sm_90a", list(cluster.options),
+                             _common.headers(), cubin=False)
+    sp = shipped.ptx.decode() if isinstance(shipped.ptx, bytes) else shipped.ptx
+    assert "%globaltimer" not in sp and "%clock64" not in sp  # compiled out when shipped
     with pytest.raises(CompileError, match="IS_TRACE"):
         compile_source(src, "index_share_ws.cu", "sm_90a", [*plain.options, "-DIS_TRACE=1"],
                        _common.headers(), cubin=False)
@@ -247,3 +253,26 @@ def test_device_sampler_gives_up_on_a_silent_nvidia_smi(tmp_path: Path,
     with bench.DeviceSampler(None, first_s=0.3) as smp:
         pass
     assert smp.summary is None and time.perf_counter() - t0 < 10
+
+
+def test_trace_sm_clock() -> None:
+    """_sm_clock: cycles over ns between each CTA's first and last stamp, in MHz; CTAs with
+    one stamp or less than 5 us between their stamps are left out."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from trace_index_share import PHASES, _sm_clock
+
+    n = len(PHASES)
+    t = np.zeros((4, n), dtype=np.int64)
+    c = np.zeros((4, n), dtype=np.int64)
+    t[0, [0, 3, 10]] = [1_000_000, 1_010_000, 1_020_000]  # 20 us at 1980 MHz
+    c[0, [0, 3, 10]] = [5_000, 5_000 + 19_800, 5_000 + 39_600]
+    t[1, [0, 11]] = [1_000_256, 1_020_256]  # 20 us at 1700 MHz
+    c[1, [0, 11]] = [7, 7 + 34_000]
+    t[2, 0], c[2, 0] = 1_000_000, 1  # one stamp
+    t[3, [0, 1]] = [1_000_000, 1_004_096]  # 4.1 us: too short for the timer's step
+    c[3, [0, 1]] = [0, 9_999]
+    got = _sm_clock([t], [c], np)
+    assert got == {"sm_clock_mhz_median": 1840, "sm_clock_mhz_min": 1700, "sm_clock_mhz_max": 1980}
+    assert _sm_clock([t[2:]], [c[2:]], np)["sm_clock_mhz_median"] is None

@@ -155,19 +155,21 @@ class BenchContext:
     def log(self, msg: str) -> None:
         print(f"[bench] {msg}", flush=True)
 
-    def _keep_busy(self, fn: Callable[[], Any], sync: Callable[[], None]) -> None:
-        """Run ``fn`` back to back for ``warm_ms`` of wall time, then ``sync``.
+    def _keep_busy(self, fn: Callable[[], Any], sync: Callable[[], None],
+                   ms: float | None = None) -> None:
+        """Run ``fn`` back to back for ``ms`` (default ``warm_ms``) of wall time, then ``sync``.
 
         A case's set-up (inputs, compiling, capturing) leaves the device idle, and after only
         a few warm-up calls the first timed samples of a call of some microseconds read up to
         ~2 us slow (H200, IndexShare decode; nvidia-smi's 50 ms samples show the SM clock at
         its maximum throughout, so whatever state it is lies below that resolution: NOTES,
         IndexShare round 12). Calls go in chunks (1, 2, 4, ... 256 calls, a sync after each)
-        until ``warm_ms`` has passed.
+        until ``ms`` has passed.
         """
+        ms = self.warm_ms if ms is None else ms
         t0 = time.perf_counter()
         chunk = 1
-        while (time.perf_counter() - t0) * 1e3 < self.warm_ms:
+        while (time.perf_counter() - t0) * 1e3 < ms:
             for _ in range(chunk):
                 fn()
             sync()
@@ -194,18 +196,9 @@ class BenchContext:
             return None
         sync = sync or self.rt.synchronize
         lead = 0.2 * self.state_ms
-
-        def run_for(ms: float) -> None:
-            t0, chunk = time.perf_counter(), 1
-            while (time.perf_counter() - t0) * 1e3 < ms:
-                for _ in range(chunk):
-                    fn()
-                sync()
-                chunk = min(2 * chunk, 256)
-
-        run_for(lead)  # the clocks settle before the first sample
+        self._keep_busy(fn, sync, lead)  # the clocks settle before the first sample
         with DeviceSampler(self._gpu_id()) as smp:
-            run_for(self.state_ms - lead)
+            self._keep_busy(fn, sync, self.state_ms - lead)
         return smp.summary
 
     def time_ours(self, fn: Callable[[], None], warmup: int = 3, reps: int = 20) -> float:

@@ -19,7 +19,9 @@ each variant of the warp-specialised cluster build (``cuda/index_share_ws.cu``):
   second kernel's first. ``%globaltimer`` has a coarse step (256 ns on the H200, printed as
   ``timer step``): a phase boundary is known to a step in one CTA, so differences of a
   fraction of a step show only in the medians over many CTAs and replays, and a single
-  median moves in steps;
+  median moves in steps. Each stamp also reads ``%clock64``, so a trace prints the SM clock
+  every CTA ran at (cycles over ns between its first and last stamp); ``--trace-warm-ms``
+  replays the graphs back to back first, as the bench warms up before its timed samples;
 - with ``--state-ms N``, each timed variant's calls also run back to back for N ms while
   nvidia-smi samples the SM clock, power draw and throttle reasons (``bench.py``'s sustained
   state): whether a variant runs into the board's power cap.
@@ -226,6 +228,28 @@ def _stats(stamps: Any, np: Any) -> dict[str, Any]:
                 timer_step_ns=int(min(steps)) if steps else None)
 
 
+def _sm_clock(stamps: Any, clocks: Any, np: Any) -> dict[str, Any]:
+    """The SM clock each CTA ran at: its %clock64 cycles over its %globaltimer ns between
+    its first and last stamp (both counters are read at every stamp; ns intervals shorter
+    than 5 us are skipped, the timer's step being 256 ns). Median, min and max in MHz over
+    CTAs and replays, None when no CTA qualifies."""
+    mhz = []
+    for t, c in zip(stamps, clocks):
+        for tr, cr in zip(t, c):
+            ok = tr > 0
+            if ok.sum() < 2:
+                continue
+            i0 = int(np.argmin(np.where(ok, tr, np.iinfo(np.int64).max)))
+            i1 = int(np.argmax(np.where(ok, tr, -1)))
+            dt = float(tr[i1] - tr[i0])
+            if dt >= 5000:
+                mhz.append(float(cr[i1] - cr[i0]) / dt * 1e3)
+    if not mhz:
+        return dict(sm_clock_mhz_median=None, sm_clock_mhz_min=None, sm_clock_mhz_max=None)
+    return dict(sm_clock_mhz_median=round(float(np.median(mhz))),
+                sm_clock_mhz_min=round(min(mhz)), sm_clock_mhz_max=round(max(mhz)))
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import bench_index_share as B
     import numpy as np
@@ -250,7 +274,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                                            spec.cps)
         kern = index_share.IndexShareFactory(rt).create(B.node_for(c))
         kern.plan_override = dict(spec.knobs) or None
-        bufs = [torch.zeros(rt.capabilities.sm_count * STAMPS, dtype=torch.int64,
+        bufs = [torch.zeros(rt.capabilities.sm_count * 2 * STAMPS, dtype=torch.int64,
                             device="cuda") for _ in sets] if spec.trace else []
         graphs = []
         try:
@@ -270,7 +294,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                        kt=plan.knobs.get("kt"), merge=plan.merge)
             if spec.trace:
                 grid = plan.grid
-                stamps, gaps = [], []
+                stamps, clocks, gaps = [], [], []
+                if args.trace_warm_ms > 0:  # the bench's state before its timed samples
+                    ctx._keep_busy(lambda: [g.replay() for g in graphs], rt.synchronize,
+                                   args.trace_warm_ms)
                 for rep in range(args.replays + 2):
                     for b in bufs:
                         b.zero_()
@@ -278,13 +305,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     graphs[0].replay()
                     graphs[1].replay()
                     rt.synchronize()
-                    a, b2 = (x.view(-1, STAMPS)[:grid].cpu().numpy() for x in bufs)
+                    a, b2 = (x.view(-1, 2 * STAMPS)[:grid].cpu().numpy() for x in bufs)
                     if rep < 2:  # warm-up replays
                         continue
-                    stamps.append(a)
+                    stamps.append(a[:, :STAMPS])
+                    clocks.append(a[:, STAMPS:])
+                    a, b2 = a[:, :STAMPS], b2[:, :STAMPS]
                     end_a = np.where(a[:, 10:12] > 0, a[:, 10:12], 0).max()
                     gaps.append((b2[:, 0].min() - end_a) / 1e3)
-                out.update(_stats(stamps, np), back_to_back_gap_us=round(float(np.median(gaps)), 3))
+                out.update(_stats(stamps, np), back_to_back_gap_us=round(float(np.median(gaps)), 3),
+                           **_sm_clock(stamps, clocks, np))
                 line = " ".join(f"{k}={v:.2f}" for k, v in out["median"].items())
                 print(f"{spec.name:20s} median: {line}")
                 line = " ".join(f"{k}={v:.2f}" for k, v in out["last"].items())
@@ -299,6 +329,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                       f"back-to-back replays: last stamp -> next start "
                       f"{out['back_to_back_gap_us']:.2f} us; timer step "
                       f"{out['timer_step_ns']} ns", flush=True)
+                print(f"{spec.name:20s} SM clock over each CTA's stamps: median "
+                      f"{out['sm_clock_mhz_median']} MHz, min {out['sm_clock_mhz_min']}, "
+                      f"max {out['sm_clock_mhz_max']}", flush=True)
                 return out, first
             ms = ctx.time_ours(lambda: [g.replay() for g in graphs]) / len(graphs)
             rt.latch.check()
@@ -359,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="after each timed variant, run its calls back to back this long and "
                          "print the SM clock, power and throttle reasons nvidia-smi samples "
                          "(bench.py's sustained state; default 0: off)")
+    ap.add_argument("--trace-warm-ms", type=_nonneg_ms, default=0.0,
+                    help="before a traced variant's replays, replay its graphs back to back "
+                         "this long (the bench's warm-up is 25 ms; default 0)")
     ap.add_argument("--json", type=Path, help="write every number here")
     args = ap.parse_args(argv)
     for v in args.variant or DEFAULT_VARIANTS:  # fail early on a bad spec

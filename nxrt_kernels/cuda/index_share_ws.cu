@@ -59,9 +59,10 @@
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
 // IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER, and
-// IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer stamps at the
-// phase boundaries, 16 per CTA, into the buffer passed as part_o, which the cluster build
-// does not otherwise use (none when it is null); the shipped builds compile it out).
+// IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer and %clock64
+// stamps at the phase boundaries, 16 of each per CTA, into the buffer passed as part_o,
+// which the cluster build does not otherwise use (none when it is null); the shipped builds
+// compile it out).
 #include "index_share_mma.cuh"
 #include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
@@ -95,13 +96,20 @@
 // Phase stamp k (0-15) of this CTA: 0 start, 1 index columns landed, 2 keys staged,
 // 3 producer done issuing, 4 + w K(0) and Q landed, 6 + w loop done, 8 + w the partner's
 // half landed, 10 + w rows stored, 12 + w combined, 14 + w staged for the stores (w: the
-// consumer warpgroup; stamped by thread 0 of the producer or of warpgroup w).
+// consumer warpgroup; stamped by thread 0 of the producer or of warpgroup w). CTA c's
+// stamps are part_o's u64 words 32 c + k (%globaltimer, ns) and 32 c + 16 + k (%clock64, the
+// SM's cycle counter: with the first, the SM clock the CTA ran at).
 #if IS_TRACE
-#define WS_TRACE(k)                                                                 \
-  do {                                                                              \
-    unsigned long long t_;                                                          \
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t_));                        \
-    if (part_o) reinterpret_cast<unsigned long long*>(part_o)[blockIdx.x * 16 + (k)] = t_; \
+#define WS_TRACE(k)                                                              \
+  do {                                                                           \
+    unsigned long long t_, c_;                                                   \
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t_));                     \
+    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c_));                         \
+    if (part_o) {                                                                \
+      unsigned long long* w_ = reinterpret_cast<unsigned long long*>(part_o) + 32 * blockIdx.x; \
+      w_[k] = t_;                                                                \
+      w_[16 + (k)] = c_;                                                         \
+    }                                                                            \
   } while (0)
 #else
 #define WS_TRACE(k) \
