@@ -184,7 +184,11 @@ def test_device_sampler_reads_nvidia_smi(tmp_path: Path, monkeypatch: pytest.Mon
     bench = _bench_module()
     fake = tmp_path / "nvidia-smi"
     log = tmp_path / "args"
+    # A driver without power.draw.instant: the one-shot query of it fails, the sampler reads
+    # power.draw.
     fake.write_text("#!/usr/bin/env bash\n"
+                    "case \"$*\" in *power.draw.instant*) "
+                    "echo 'Field \"power.draw.instant\" is not a valid field to query.'; exit 2;; esac\n"
                     f"echo \"$@\" > {log}\n"
                     "echo '1980, 500.0, 0x0000000000000000'\n"
                     "while true; do echo '1700, 699.5, 0x0000000000000004'; sleep 0.01; done\n")
@@ -195,7 +199,7 @@ def test_device_sampler_reads_nvidia_smi(tmp_path: Path, monkeypatch: pytest.Mon
     s = smp.summary
     assert s is not None and s["samples"] >= 3
     assert s["sm_clock_mhz_min"] == 1700.0 and s["power_w_max"] == 699.5
-    assert s["throttle"] == ["sw_power_cap"]
+    assert s["throttle"] == ["sw_power_cap"] and s["power_field"] == "power.draw"
     args = log.read_text().split()
     assert "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active" in args
     assert "--id=GPU-0123" in args and "-lms=10" in args
@@ -246,7 +250,7 @@ def test_device_sampler_gives_up_on_a_silent_nvidia_smi(tmp_path: Path,
     """An nvidia-smi that prints nothing does not hang the bench: no sample, no summary."""
     bench = _bench_module()
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/usr/bin/env bash\nexec sleep 60\n")
+    fake.write_text("#!/usr/bin/env bash\ncase \"$*\" in *-lms*) exec sleep 60;; esac\necho 1.0\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     t0 = time.perf_counter()
@@ -276,3 +280,21 @@ def test_trace_sm_clock() -> None:
     got = _sm_clock([t], [c], np)
     assert got == {"sm_clock_mhz_median": 1840, "sm_clock_mhz_min": 1700, "sm_clock_mhz_max": 1980}
     assert _sm_clock([t[2:]], [c[2:]], np)["sm_clock_mhz_median"] is None
+
+
+def test_device_sampler_prefers_instant_power(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where nvidia-smi has power.draw.instant (not a one-second average), that is read."""
+    bench = _bench_module()
+    fake = tmp_path / "nvidia-smi"
+    log = tmp_path / "args"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    "case \"$*\" in *-lms*) ;; *) echo '123.45'; exit 0;; esac\n"
+                    f"echo \"$@\" > {log}\n"
+                    "while true; do echo '1830, 688.0, 0x4'; sleep 0.01; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with bench.DeviceSampler(None) as smp:
+        time.sleep(0.1)
+    assert smp.summary is not None and smp.summary["power_field"] == "power.draw.instant"
+    assert "--query-gpu=clocks.sm,power.draw.instant,clocks_throttle_reasons.active" in \
+        log.read_text().split()

@@ -59,7 +59,7 @@ def throttle_names(mask: int) -> list[str]:
 
 
 def parse_smi_samples(text: str) -> dict[str, Any] | None:
-    """Summarise nvidia-smi lines ``clocks.sm, power.draw, clocks_throttle_reasons.active``
+    """Summarise nvidia-smi lines ``clocks.sm, <power field>, clocks_throttle_reasons.active``
     (``--format=csv,noheader,nounits``): SM clock min / median (MHz), power median / max (W)
     and every throttle reason seen. None without a parsable sample."""
     clk, pw, mask = [], [], 0
@@ -78,7 +78,7 @@ def parse_smi_samples(text: str) -> dict[str, Any] | None:
         return None
     return {"samples": len(clk), "sm_clock_mhz_min": min(clk),
             "sm_clock_mhz_median": float(np.median(clk)),
-            "power_w_median": round(float(np.median(pw)), 1), "power_w_max": max(pw),
+            "power_w_median": round(float(np.median(pw)), 1), "power_w_max": round(max(pw), 1),
             "throttle": throttle_names(mask)}
 
 
@@ -86,20 +86,41 @@ class DeviceSampler:
     """nvidia-smi sampling the SM clock, power draw and throttle reasons of one GPU every
     ``period_ms`` while the ``with`` block runs; ``summary`` afterwards (None when nvidia-smi
     is missing or printed nothing parsable). The block starts after the first sample, or
-    after ``first_s`` seconds without one (then nothing is sampled)."""
+    after ``first_s`` seconds without one (then nothing is sampled).
 
-    QUERY = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+    Power is ``power.draw.instant`` where the driver has it: on Ampere and newer,
+    ``power.draw`` is an average over the last second, longer than most sampled runs. The
+    summary's ``power_field`` says which one was read."""
+
+    POWER_FIELDS = ("power.draw.instant", "power.draw")
 
     def __init__(self, gpu_id: str | None, period_ms: int = 10, first_s: float = 10.0) -> None:
         self.first_s = first_s
         self.cmd = None
+        self.power_field: str | None = None
         exe = shutil.which("nvidia-smi")
+        ids = [f"--id={gpu_id}"] if gpu_id else []
         if exe:
-            self.cmd = [exe, f"--query-gpu={self.QUERY}", "--format=csv,noheader,nounits",
-                        f"-lms={int(period_ms)}"] + ([f"--id={gpu_id}"] if gpu_id else [])
+            self.power_field = self._power_field(exe, ids)
+            query = f"clocks.sm,{self.power_field},clocks_throttle_reasons.active"
+            self.cmd = [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits",
+                        f"-lms={int(period_ms)}", *ids]
         self._proc: subprocess.Popen | None = None
         self._first = ""
         self.summary: dict[str, Any] | None = None
+
+    @classmethod
+    def _power_field(cls, exe: str, ids: list[str]) -> str:
+        """The first of POWER_FIELDS this nvidia-smi reads as a number (one query each)."""
+        for f in cls.POWER_FIELDS[:-1]:
+            try:
+                r = subprocess.run([exe, f"--query-gpu={f}", "--format=csv,noheader,nounits",
+                                    *ids], capture_output=True, text=True, timeout=10)
+                float(r.stdout.splitlines()[0])
+                return f
+            except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+                continue
+        return cls.POWER_FIELDS[-1]
 
     def __enter__(self) -> DeviceSampler:
         if self.cmd:
@@ -131,6 +152,8 @@ class DeviceSampler:
         if self._proc is None:
             return
         self.summary = parse_smi_samples(self._first + self._stop())
+        if self.summary is not None:
+            self.summary["power_field"] = self.power_field
 
 
 class BenchContext:
