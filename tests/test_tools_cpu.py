@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("tool, words", [("read_floor.py", "read floor of attention decode"),
+                                         ("bench_spread.py", "spread of repeated bench.py runs"),
                                          ("gather_ceiling.py", "gather IndexShare"),
                                          ("trace_index_share.py", "decode cluster kernel"),
                                          ("graph_gap.py", "one-kernel graph, by kernel shape"),
@@ -298,3 +300,42 @@ def test_device_sampler_prefers_instant_power(tmp_path: Path, monkeypatch: pytes
     assert smp.summary is not None and smp.summary["power_field"] == "power.draw.instant"
     assert "--query-gpu=clocks.sm,power.draw.instant,clocks_throttle_reasons.active" in \
         log.read_text().split()
+
+
+def test_bench_spread(tmp_path: Path) -> None:
+    """bench_spread: per (bench, case, metric) in every run, median / min / max and the runs
+    that met the target; rows missing from a run are left out; a bad file is refused."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_spread import spread
+
+    def run(commit: str, ratios: list[float], extra: bool = False) -> dict:
+        rows = [{"bench": "b", "case": f"c{i}", "metric": "1/ms", "ours": 10 * r,
+                 "peer_value": 10.0, "ratio": r} for i, r in enumerate(ratios)]
+        if extra:
+            rows.append({"bench": "b", "case": "only-here", "metric": "1/ms", "ours": 1.0,
+                         "peer_value": None, "ratio": None})
+        return {"commit": commit, "rows": rows}
+
+    runs = [run("a", [9.9, 10.5]), run("b", [10.1, 10.4], extra=True), run("c", [9.8, 10.6])]
+    got = spread(runs, target=10.0)
+    assert [e["case"] for e in got] == ["c0", "c1"]
+    assert got[0]["ratio"] == {"median": 9.9, "min": 9.8, "max": 10.1} and got[0]["met"] == 1
+    assert got[1]["ours"]["median"] == 105.0 and got[1]["met"] == 3
+    with pytest.raises(ValueError):
+        spread([])
+    files = []
+    for i, r in enumerate(runs):
+        f = tmp_path / f"r{i}.json"
+        f.write_text(json.dumps(r))
+        files.append(str(f))
+    md = tmp_path / "s.md"
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_spread.py"), *files,
+                        "--target", "10", "--metric", "1/ms", "--md", str(md)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| b | c0 | 1/ms | 99 (98-101) | 10 (10-10) | 9.9 (9.8-10.1) | 1/3 |" in md.read_text()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_spread.py"), str(bad)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not a bench.py result" in r.stderr
