@@ -165,14 +165,24 @@ def _bench_module():
 
 
 def test_smi_samples_summary() -> None:
-    """nvidia-smi's csv lines become the sustained-state summary; junk lines are skipped."""
+    """nvidia-smi's csv lines become the sustained-state summary: junk lines are skipped, a
+    reading equal to the one before it counts once, samples before ``since`` are left out."""
+    import datetime as dt
+
     bench = _bench_module()
-    text = ("1785, 632.10, 0x0000000000000004\n1980, 415.2, 0x0000000000000000\n"
-            "[N/A], [N/A], [N/A]\nFailed to initialize NVML\n1395, 709.0, 0x0000000000000001\n")
-    got = bench.parse_smi_samples(text)
+    text = ("2026/12/01 10:00:00.000, 1980, 300.0, 0x0000000000000001\n"  # before `since`
+            "2026/12/01 10:00:00.100, 1785, 632.10, 0x0000000000000004\n"
+            "2026/12/01 10:00:00.110, 1785, 632.10, 0x0000000000000004\n"  # a repeat
+            "2026/12/01 10:00:00.200, 1980, 415.2, 0x0000000000000000\n"
+            "2026/12/01 10:00:00.250, [N/A], [N/A], [N/A]\nFailed to initialize NVML\n"
+            "1395, 709.0, 0x4\n"  # no timestamp
+            "2026/12/01 10:00:00.300, 1395, 709.0, 0x0000000000000004\n")
+    since = dt.datetime(2026, 12, 1, 10, 0, 0, 50_000)
+    got = bench.parse_smi_samples(text, since)
     assert got == {"samples": 3, "sm_clock_mhz_min": 1395.0, "sm_clock_mhz_median": 1785.0,
-                   "power_w_median": 632.1, "power_w_max": 709.0,
-                   "throttle": ["gpu_idle", "sw_power_cap"]}
+                   "power_w_median": 632.1, "power_w_max": 709.0, "throttle": ["sw_power_cap"]}
+    assert bench.parse_smi_samples(text)["throttle"] == ["gpu_idle", "sw_power_cap"]
+    assert bench.parse_smi_samples(text)["samples"] == 4
     assert bench.parse_smi_samples("") is None
     assert bench.parse_smi_samples("No devices were found\n") is None
     assert bench.throttle_names(0) == []
@@ -180,31 +190,55 @@ def test_smi_samples_summary() -> None:
                                                          "0x1000"]
 
 
+def _fake_smi(tmp_path: Path, loop_body: str, instant: bool = True) -> Path:
+    """A stand-in nvidia-smi: answers the one-shot power-field query (or refuses
+    power.draw.instant), logs the sampling call's arguments, then runs ``loop_body``."""
+    fake = tmp_path / "nvidia-smi"
+    refuse = ("*power.draw.instant*) echo 'Field \"power.draw.instant\" is not a valid field "
+              "to query.'; exit 2;; " if not instant else "")
+    fake.write_text("#!/usr/bin/env bash\n"
+                    f"case \"$*\" in *-lms*) ;; {refuse}*) echo '123.4'; exit 0;; esac\n"
+                    f"echo \"$@\" > {tmp_path / 'args'}\n"
+                    "now() { date +'%Y/%m/%d %H:%M:%S.%3N'; }\n" + loop_body)
+    fake.chmod(0o755)
+    return fake
+
+
 def test_device_sampler_reads_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The sampler starts nvidia-smi with the query, waits for its first sample, and
-    summarises every line printed until the block ends (a stand-in nvidia-smi here)."""
+    summarises every line it printed after mark(), however it wrote them (three lines in one
+    write here); a driver without power.draw.instant is read through power.draw."""
     bench = _bench_module()
-    fake = tmp_path / "nvidia-smi"
-    log = tmp_path / "args"
-    # A driver without power.draw.instant: the one-shot query of it fails, the sampler reads
-    # power.draw.
-    fake.write_text("#!/usr/bin/env bash\n"
-                    "case \"$*\" in *power.draw.instant*) "
-                    "echo 'Field \"power.draw.instant\" is not a valid field to query.'; exit 2;; esac\n"
-                    f"echo \"$@\" > {log}\n"
-                    "echo '1980, 500.0, 0x0000000000000000'\n"
-                    "while true; do echo '1700, 699.5, 0x0000000000000004'; sleep 0.01; done\n")
-    fake.chmod(0o755)
+    bench.DeviceSampler._fields.clear()
+    _fake_smi(tmp_path, "echo \"$(now), 1980, 100.0, 0x1\"\nsleep 0.3\n"
+              "printf '%s\\n' \"$(now), 1700, 699.5, 0x4\" \"$(now), 1710, 650.0, 0x4\" "
+              "\"$(now), 1720, 600.0, 0x0\"\nexec sleep 60\n", instant=False)
     monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     with bench.DeviceSampler("GPU-0123", period_ms=10) as smp:
-        time.sleep(0.2)
-    s = smp.summary
-    assert s is not None and s["samples"] >= 3
-    assert s["sm_clock_mhz_min"] == 1700.0 and s["power_w_max"] == 699.5
-    assert s["throttle"] == ["sw_power_cap"] and s["power_field"] == "power.draw"
-    args = log.read_text().split()
-    assert "--query-gpu=clocks.sm,power.draw,clocks_throttle_reasons.active" in args
+        time.sleep(0.1)
+        smp.mark()
+        time.sleep(0.5)
+    assert smp.summary == {"samples": 3, "sm_clock_mhz_min": 1700.0,
+                           "sm_clock_mhz_median": 1710.0, "power_w_median": 650.0,
+                           "power_w_max": 699.5, "throttle": ["sw_power_cap"],
+                           "power_field": "power.draw"}
+    args = (tmp_path / "args").read_text().split()
+    assert "--query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active" in args
     assert "--id=GPU-0123" in args and "-lms=10" in args
+
+
+def test_device_sampler_prefers_instant_power(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where nvidia-smi has power.draw.instant (not a one-second average), that is read."""
+    bench = _bench_module()
+    bench.DeviceSampler._fields.clear()
+    _fake_smi(tmp_path, "while true; do echo \"$(now), 1830, 688.0, 0x4\"; sleep 0.01; done\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with bench.DeviceSampler(None) as smp:
+        time.sleep(0.1)
+    assert smp.summary is not None and smp.summary["power_field"] == "power.draw.instant"
+    assert smp.summary["samples"] == 1  # one reading, repeated
+    assert "--query-gpu=timestamp,clocks.sm,power.draw.instant,clocks_throttle_reasons.active" \
+        in (tmp_path / "args").read_text().split()
 
 
 def test_device_sampler_without_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -213,6 +247,40 @@ def test_device_sampler_without_nvidia_smi(tmp_path: Path, monkeypatch: pytest.M
     with bench.DeviceSampler(None) as smp:
         pass
     assert smp.cmd is None and smp.summary is None
+
+
+def test_device_sampler_gives_up_on_a_silent_nvidia_smi(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An nvidia-smi that prints nothing does not hang the bench: no sample, no summary."""
+    bench = _bench_module()
+    _fake_smi(tmp_path, "exec sleep 60\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    t0 = time.perf_counter()
+    with bench.DeviceSampler(None, first_s=0.3) as smp:
+        pass
+    assert smp.summary is None and time.perf_counter() - t0 < 10
+
+
+def test_sustained_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sustained_state runs the call back to back for state_ms with nvidia-smi sampling from
+    before the run (no idle gap) and summarises what came after the first 20 %; None when
+    state_ms is 0 or the device's UUID is unknown."""
+    bench = _bench_module()
+    bench.DeviceSampler._fields.clear()
+    _fake_smi(tmp_path, "while true; do echo \"$(now), 1800, $RANDOM, 0x4\"; sleep 0.02; done\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    ctx = bench.BenchContext.__new__(bench.BenchContext)  # no device: the parts it uses
+    calls = []
+    ctx.warm_ms, ctx.state_ms = 25.0, 300.0
+    ctx._gpu_id = lambda: "GPU-x"
+    st = ctx.sustained_state(lambda: calls.append(1), lambda: None)
+    assert st is not None and st["sm_clock_mhz_median"] == 1800.0 and len(calls) > 10
+    assert 3 <= st["samples"] <= 13  # ~240 ms of 20 ms samples (fewer on a slow machine)
+    assert "--id=GPU-x" in (tmp_path / "args").read_text().split()
+    ctx._gpu_id = lambda: None
+    assert ctx.sustained_state(lambda: None, lambda: None) is None
+    ctx._gpu_id, ctx.state_ms = (lambda: "GPU-x"), 0.0
+    assert ctx.sustained_state(lambda: None, lambda: None) is None
 
 
 @pytest.mark.parametrize("value", ["-5", "inf"])
@@ -247,20 +315,6 @@ def test_trace_stats_medians_and_timer_step() -> None:
     assert st["partner_skew_max"] == 0.512
 
 
-def test_device_sampler_gives_up_on_a_silent_nvidia_smi(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """An nvidia-smi that prints nothing does not hang the bench: no sample, no summary."""
-    bench = _bench_module()
-    fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/usr/bin/env bash\ncase \"$*\" in *-lms*) exec sleep 60;; esac\necho 1.0\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    t0 = time.perf_counter()
-    with bench.DeviceSampler(None, first_s=0.3) as smp:
-        pass
-    assert smp.summary is None and time.perf_counter() - t0 < 10
-
-
 def test_trace_sm_clock() -> None:
     """_sm_clock: cycles over ns between each CTA's first and last stamp, in MHz; CTAs with
     one stamp or less than 5 us between their stamps are left out."""
@@ -282,24 +336,6 @@ def test_trace_sm_clock() -> None:
     got = _sm_clock([t], [c], np)
     assert got == {"sm_clock_mhz_median": 1840, "sm_clock_mhz_min": 1700, "sm_clock_mhz_max": 1980}
     assert _sm_clock([t[2:]], [c[2:]], np)["sm_clock_mhz_median"] is None
-
-
-def test_device_sampler_prefers_instant_power(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where nvidia-smi has power.draw.instant (not a one-second average), that is read."""
-    bench = _bench_module()
-    fake = tmp_path / "nvidia-smi"
-    log = tmp_path / "args"
-    fake.write_text("#!/usr/bin/env bash\n"
-                    "case \"$*\" in *-lms*) ;; *) echo '123.45'; exit 0;; esac\n"
-                    f"echo \"$@\" > {log}\n"
-                    "while true; do echo '1830, 688.0, 0x4'; sleep 0.01; done\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    with bench.DeviceSampler(None) as smp:
-        time.sleep(0.1)
-    assert smp.summary is not None and smp.summary["power_field"] == "power.draw.instant"
-    assert "--query-gpu=clocks.sm,power.draw.instant,clocks_throttle_reasons.active" in \
-        log.read_text().split()
 
 
 def test_bench_spread(tmp_path: Path) -> None:
@@ -339,3 +375,22 @@ def test_bench_spread(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench_spread.py"), str(bad)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not a bench.py result" in r.stderr
+
+
+@pytest.mark.parametrize("opt, value", [("--trace-warm-ms", "-1"), ("--state-ms", "inf")])
+def test_trace_refuses_bad_ms(opt: str, value: str) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "trace_index_share.py"), opt, value],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and f"{opt}: must be a finite number >= 0" in r.stderr, r.stderr
+
+
+def test_bench_spread_refuses_a_row_twice() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_spread import markdown, spread
+
+    row = {"bench": "b", "case": "c", "metric": "1/ms", "ours": 1.0, "peer_value": 1.0,
+           "ratio": 1.0}
+    with pytest.raises(ValueError, match="twice"):
+        spread([{"rows": [row, dict(row)]}])
+    got = spread([{"rows": [row]}], target=0.0)  # a target of 0 still counts
+    assert got[0]["met"] == 1 and "1/1" in markdown(got, ["x"], 0.0)

@@ -17,10 +17,10 @@ import json
 import math
 import os
 import re
-import select
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,8 +41,9 @@ BENCHES = ("runtime", "attention", "paged", "index_share")
 #: ``triton.testing.do_bench``'s default warm-up (25 ms).
 WARM_MS = 25.0
 
-#: Milliseconds of back-to-back calls behind a row's sustained state (``--state-ms``).
-STATE_MS = 200.0
+#: Milliseconds of back-to-back calls behind a row's sustained state (``--state-ms``):
+#: nvidia-smi refreshes its readings about every 100 ms, so a second gives ~8 of them.
+STATE_MS = 1000.0
 
 #: nvidia-smi's ``clocks_throttle_reasons.active`` bits (NVML's clock event reasons).
 THROTTLE_BITS = {0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap",
@@ -58,19 +59,29 @@ def throttle_names(mask: int) -> list[str]:
     return names + ([hex(rest)] if rest else [])
 
 
-def parse_smi_samples(text: str) -> dict[str, Any] | None:
-    """Summarise nvidia-smi lines ``clocks.sm, <power field>, clocks_throttle_reasons.active``
-    (``--format=csv,noheader,nounits``): SM clock min / median (MHz), power median / max (W)
-    and every throttle reason seen. None without a parsable sample."""
-    clk, pw, mask = [], [], 0
+SMI_TIME = "%Y/%m/%d %H:%M:%S.%f"  # nvidia-smi's ``timestamp`` field
+
+
+def parse_smi_samples(text: str, since: _dt.datetime | None = None) -> dict[str, Any] | None:
+    """Summarise nvidia-smi lines ``timestamp, clocks.sm, <power field>,
+    clocks_throttle_reasons.active`` (``--format=csv,noheader,nounits``): SM clock min /
+    median (MHz), power median / max (W) and every throttle reason seen, over the samples
+    stamped at or after ``since`` (nvidia-smi's local time). nvidia-smi refreshes its
+    readings about every 100 ms, so a faster poll repeats them: a reading equal to the one
+    before it counts once. None without a parsable sample."""
+    clk, pw, mask, last = [], [], 0, None
     for line in text.splitlines():
         parts = [x.strip() for x in line.split(",")]
-        if len(parts) != 3:
+        if len(parts) != 4:
             continue
         try:
-            c, w, m = float(parts[0]), float(parts[1]), int(parts[2], 16)
+            t = _dt.datetime.strptime(parts[0], SMI_TIME)
+            c, w, m = float(parts[1]), float(parts[2]), int(parts[3], 16)
         except ValueError:  # "[N/A]", an error message
             continue
+        if (since is not None and t < since) or (c, w, m) == last:
+            continue
+        last = (c, w, m)
         clk.append(c)
         pw.append(w)
         mask |= m
@@ -83,18 +94,21 @@ def parse_smi_samples(text: str) -> dict[str, Any] | None:
 
 
 class DeviceSampler:
-    """nvidia-smi sampling the SM clock, power draw and throttle reasons of one GPU every
-    ``period_ms`` while the ``with`` block runs; ``summary`` afterwards (None when nvidia-smi
-    is missing or printed nothing parsable). The block starts after the first sample, or
-    after ``first_s`` seconds without one (then nothing is sampled).
+    """nvidia-smi sampling the SM clock, power draw and throttle reasons of one GPU
+    (``gpu_id``, as ``--id`` takes it; None: every GPU) every ``period_ms`` while the
+    ``with`` block runs, into a temporary file; ``summary`` afterwards
+    (:func:`parse_smi_samples` over the samples after :meth:`mark`, or all of them; None
+    when nvidia-smi is missing or printed nothing parsable). The block starts after the
+    first sample, or after ``first_s`` seconds without one (then nothing is sampled).
 
     Power is ``power.draw.instant`` where the driver has it: on Ampere and newer,
     ``power.draw`` is an average over the last second, longer than most sampled runs. The
     summary's ``power_field`` says which one was read."""
 
     POWER_FIELDS = ("power.draw.instant", "power.draw")
+    _fields: dict[tuple[str, ...], str] = {}  # the power field per nvidia-smi and --id
 
-    def __init__(self, gpu_id: str | None, period_ms: int = 10, first_s: float = 10.0) -> None:
+    def __init__(self, gpu_id: str | None, period_ms: int = 100, first_s: float = 10.0) -> None:
         self.first_s = first_s
         self.cmd = None
         self.power_field: str | None = None
@@ -102,56 +116,74 @@ class DeviceSampler:
         ids = [f"--id={gpu_id}"] if gpu_id else []
         if exe:
             self.power_field = self._power_field(exe, ids)
-            query = f"clocks.sm,{self.power_field},clocks_throttle_reasons.active"
+            query = f"timestamp,clocks.sm,{self.power_field},clocks_throttle_reasons.active"
             self.cmd = [exe, f"--query-gpu={query}", "--format=csv,noheader,nounits",
                         f"-lms={int(period_ms)}", *ids]
         self._proc: subprocess.Popen | None = None
-        self._first = ""
+        self._file: Any = None
+        self._since: _dt.datetime | None = None
         self.summary: dict[str, Any] | None = None
 
     @classmethod
     def _power_field(cls, exe: str, ids: list[str]) -> str:
-        """The first of POWER_FIELDS this nvidia-smi reads as a number (one query each)."""
-        for f in cls.POWER_FIELDS[:-1]:
-            try:
-                r = subprocess.run([exe, f"--query-gpu={f}", "--format=csv,noheader,nounits",
-                                    *ids], capture_output=True, text=True, timeout=10)
-                float(r.stdout.splitlines()[0])
-                return f
-            except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-                continue
-        return cls.POWER_FIELDS[-1]
+        """The first of POWER_FIELDS this nvidia-smi reads as a number (asked once)."""
+        key = (exe, *ids)
+        if key not in cls._fields:
+            cls._fields[key] = cls.POWER_FIELDS[-1]
+            for f in cls.POWER_FIELDS[:-1]:
+                try:
+                    r = subprocess.run([exe, f"--query-gpu={f}", "--format=csv,noheader,nounits",
+                                        *ids], capture_output=True, text=True, timeout=10)
+                    float(r.stdout.splitlines()[0])
+                    cls._fields[key] = f
+                    break
+                except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+                    continue
+        return cls._fields[key]
+
+    def mark(self) -> None:
+        """From now on: samples stamped earlier are left out of the summary."""
+        self._since = _dt.datetime.now()
 
     def __enter__(self) -> DeviceSampler:
-        if self.cmd:
-            try:
-                self._proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE,
-                                              stderr=subprocess.DEVNULL, text=True)
-            except OSError:
-                self._proc = None
+        if not self.cmd:
+            return self
+        self._file = tempfile.TemporaryFile(mode="w+")
+        try:
+            self._proc = subprocess.Popen(self.cmd, stdout=self._file,
+                                          stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self._proc = None
+            return self
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < self.first_s:  # the first complete line
+            self._file.seek(0)
+            if "\n" in self._file.read():
                 return self
-            out = self._proc.stdout
-            if out is not None and select.select([out], [], [], self.first_s)[0]:
-                self._first = out.readline()
-            else:  # silent: stop it now, sample nothing
-                self._stop()
-                self._proc = None
+            if self._proc.poll() is not None:
+                break
+            time.sleep(0.005)
+        self._stop()  # silent or gone: sample nothing
+        self._proc = None
         return self
 
     def _stop(self) -> str:
-        assert self._proc is not None
+        assert self._proc is not None and self._file is not None
         self._proc.terminate()
         try:
-            rest, _ = self._proc.communicate(timeout=10)
+            self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
-            rest, _ = self._proc.communicate()
-        return rest or ""
+            self._proc.wait()
+        self._file.seek(0)
+        text = self._file.read()
+        self._file.close()
+        return text
 
     def __exit__(self, *exc: Any) -> None:
         if self._proc is None:
             return
-        self.summary = parse_smi_samples(self._first + self._stop())
+        self.summary = parse_smi_samples(self._stop(), self._since)
         if self.summary is not None:
             self.summary["power_field"] = self.power_field
 
@@ -211,17 +243,19 @@ class BenchContext:
                         ) -> dict[str, Any] | None:
         """The device state ``fn`` settles in when run back to back for ``state_ms``
         (chunks as the warm-up, ``sync`` after each; default: this runtime's): nvidia-smi's
-        SM clock, power and throttle reasons (:func:`parse_smi_samples`), sampled every 10 ms
-        after the first 20 % of the run. None when ``state_ms`` is 0 or nvidia-smi is
-        missing. Run it after a row's timed series: the sampling process does not run beside
+        SM clock, power and throttle reasons (:func:`parse_smi_samples`) over the run after
+        its first 20 % (the clocks settle; the sampler starts before the run, so no idle gap
+        is sampled). None when ``state_ms`` is 0, nvidia-smi is missing or this device's
+        UUID is unknown. Run it after a row's timed series: the sampler does not run beside
         the timing."""
-        if self.state_ms <= 0:
+        gpu = self._gpu_id()
+        if self.state_ms <= 0 or gpu is None:
             return None
         sync = sync or self.rt.synchronize
-        lead = 0.2 * self.state_ms
-        self._keep_busy(fn, sync, lead)  # the clocks settle before the first sample
-        with DeviceSampler(self._gpu_id()) as smp:
-            self._keep_busy(fn, sync, self.state_ms - lead)
+        with DeviceSampler(gpu) as smp:
+            self._keep_busy(fn, sync, 0.2 * self.state_ms)
+            smp.mark()
+            self._keep_busy(fn, sync, 0.8 * self.state_ms)
         return smp.summary
 
     def time_ours(self, fn: Callable[[], None], warmup: int = 3, reps: int = 20) -> float:

@@ -133,8 +133,8 @@ def in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],
                 kern.execute(ins, outs)
     try:
         ms = ctx.time_ours(graph.replay) / calls
-        rt.latch.check()
         state = ctx.sustained_state(graph.replay)
+        rt.latch.check()  # every replay, timed or sustained
     finally:
         graph.destroy()
     pstates: list = []
@@ -166,8 +166,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
             gr.replay()
 
     ms = ctx.time_ours(ours) / len(graphs)
-    rt.latch.check()
     state = ctx.sustained_state(ours)
+    rt.latch.check()  # every replay, timed or sustained
     rt.synchronize()
     first = sets[0]["y"].clone()
     graphs[0].replay()
@@ -224,10 +224,10 @@ def describe_state(st: dict | None) -> str:
     """One line of a :meth:`BenchContext.sustained_state` summary."""
     if not st:
         return "not sampled"
-    thr = [t for t in st["throttle"] if t != "gpu_idle"]
+    thr = st["throttle"]
     return (f"SM {st['sm_clock_mhz_median']:.0f} MHz (min {st['sm_clock_mhz_min']:.0f}), "
-            f"{st['power_w_median']:.0f} W (max {st['power_w_max']:.0f})"
-            + (f", throttled: {' '.join(thr)}" if thr else ""))
+            f"{st['power_w_median']:.0f} W (max {st['power_w_max']:.0f}), "
+            f"{st['samples']} readings" + (f", throttled: {' '.join(thr)}" if thr else ""))
 
 
 def run(ctx: BenchContext) -> list[dict]:

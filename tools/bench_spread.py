@@ -26,7 +26,15 @@ def spread(results: list[dict[str, Any]], target: float | None = None) -> list[d
     ``target``."""
     if not results:
         raise ValueError("no results")
-    keyed = [{(r["bench"], r["case"], r["metric"]): r for r in res["rows"]} for res in results]
+    keyed = []
+    for i, res in enumerate(results):
+        k: dict[tuple, dict] = {}
+        for r in res["rows"]:
+            key = (r["bench"], r["case"], r["metric"])
+            if key in k:
+                raise ValueError(f"run {i}: row {key} twice")
+            k[key] = r
+        keyed.append(k)
     out = []
     for key in keyed[0]:
         if not all(key in k for k in keyed):
@@ -47,12 +55,13 @@ def markdown(entries: list[dict[str, Any]], commits: list[str], target: float | 
     def fmt(d: dict | None) -> str:
         return "" if d is None else f"{d['median']:.4g} ({d['min']:.4g}-{d['max']:.4g})"
 
-    head = "| bench | case | metric | ours | peer | ratio |" + (" runs >= target |" if target else "")
+    has_t = target is not None
+    head = "| bench | case | metric | ours | peer | ratio |" + (" runs >= target |" if has_t else "")
     lines = [f"Runs: {len(commits)} ({', '.join(commits)}); median (min-max)"
-             + (f"; target ratio {target:g}" if target else ""), "", head,
-             "|---|---|---|---:|---:|---:|" + ("---:|" if target else "")]
+             + (f"; target ratio {target:g}" if has_t else ""), "", head,
+             "|---|---|---|---:|---:|---:|" + ("---:|" if has_t else "")]
     for e in entries:
-        met = f" {e['met']}/{e['runs']} |" if target and "met" in e else (" |" if target else "")
+        met = f" {e['met']}/{e['runs']} |" if "met" in e else (" |" if has_t else "")
         lines.append(f"| {e['bench']} | {e['case']} | {e['metric']} | {fmt(e['ours'])} | "
                      f"{fmt(e['peer_value'])} | {fmt(e['ratio'])} |{met}")
     return "\n".join(lines) + "\n"
@@ -71,13 +80,20 @@ def main(argv: list[str] | None = None) -> int:
     for p in args.runs:
         try:
             res = json.loads(p.read_text())
-            res["rows"]  # noqa: B018 (the shape check)
+            rows = [r for r in res["rows"] if args.bench in (None, r["bench"])
+                    and args.metric in (None, r["metric"]) and r["case"] is not None]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            ap.error(f"{p}: not a bench.py result ({exc})")
-        res = dict(res, rows=[r for r in res["rows"]
-                              if args.bench in (None, r["bench"]) and args.metric in (None, r["metric"])])
-        results.append(res)
-    entries = spread(results, args.target)
+            ap.error(f"{p}: not a bench.py result ({type(exc).__name__}: {exc})")
+        results.append(dict(res, rows=rows))
+    try:
+        entries = spread(results, args.target)
+    except ValueError as exc:
+        ap.error(str(exc))
+    every = {(e["bench"], e["case"], e["metric"]) for e in entries}
+    partial = {(r["bench"], r["case"], r["metric"]) for res in results for r in res["rows"]} - every
+    if partial:
+        print(f"bench_spread: {len(partial)} row(s) not in every run, left out: "
+              + "; ".join(" / ".join(k) for k in sorted(partial)), file=sys.stderr)
     md = markdown(entries, [str(r.get("commit", "?"))[:12] for r in results], args.target)
     print(md)
     if args.md:

@@ -228,11 +228,13 @@ def _stats(stamps: Any, np: Any) -> dict[str, Any]:
                 timer_step_ns=int(min(steps)) if steps else None)
 
 
-def _sm_clock(stamps: Any, clocks: Any, np: Any) -> dict[str, Any]:
+def _sm_clock(stamps: Any, clocks: Any, np: Any, step_ns: int | None = None) -> dict[str, Any]:
     """The SM clock each CTA ran at: its %clock64 cycles over its %globaltimer ns between
-    its first and last stamp (both counters are read at every stamp; ns intervals shorter
-    than 5 us are skipped, the timer's step being 256 ns). Median, min and max in MHz over
-    CTAs and replays, None when no CTA qualifies."""
+    its first and last stamp (both counters are read at every stamp). A CTA whose stamps
+    span less than 40 timer steps (``step_ns``, default 256 ns as on the H200), where the
+    step would be more than 2.5 % of the span, is skipped. Median, min and max in MHz over
+    CTAs and replays, None when no CTA qualifies; min and max carry the step's error."""
+    min_ns = 40 * (step_ns or 256)
     mhz = []
     for t, c in zip(stamps, clocks):
         for tr, cr in zip(t, c):
@@ -242,7 +244,7 @@ def _sm_clock(stamps: Any, clocks: Any, np: Any) -> dict[str, Any]:
             i0 = int(np.argmin(np.where(ok, tr, np.iinfo(np.int64).max)))
             i1 = int(np.argmax(np.where(ok, tr, -1)))
             dt = float(tr[i1] - tr[i0])
-            if dt >= 5000:
+            if dt >= min_ns:
                 mhz.append(float(cr[i1] - cr[i0]) / dt * 1e3)
     if not mhz:
         return dict(sm_clock_mhz_median=None, sm_clock_mhz_min=None, sm_clock_mhz_max=None)
@@ -276,7 +278,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         kern.plan_override = dict(spec.knobs) or None
         bufs = [torch.zeros(rt.capabilities.sm_count * 2 * STAMPS, dtype=torch.int64,
                             device="cuda") for _ in sets] if spec.trace else []
-        graphs = []
+        graphs: list = []
+
+        def replay_all() -> None:
+            for g in graphs:
+                g.replay()
+
         try:
             if spec.trace:  # the plan first (eagerly, no stamps): only the cluster build
                 ins, outs = B.views_of(sets[0])  # leaves part_o to the trace
@@ -296,7 +303,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 grid = plan.grid
                 stamps, clocks, gaps = [], [], []
                 if args.trace_warm_ms > 0:  # the bench's state before its timed samples
-                    ctx._keep_busy(lambda: [g.replay() for g in graphs], rt.synchronize,
+                    ctx._keep_busy(replay_all, rt.synchronize,
                                    args.trace_warm_ms)
                 for rep in range(args.replays + 2):
                     for b in bufs:
@@ -313,8 +320,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     a, b2 = a[:, :STAMPS], b2[:, :STAMPS]
                     end_a = np.where(a[:, 10:12] > 0, a[:, 10:12], 0).max()
                     gaps.append((b2[:, 0].min() - end_a) / 1e3)
-                out.update(_stats(stamps, np), back_to_back_gap_us=round(float(np.median(gaps)), 3),
-                           **_sm_clock(stamps, clocks, np))
+                st = _stats(stamps, np)
+                out.update(st, back_to_back_gap_us=round(float(np.median(gaps)), 3),
+                           **_sm_clock(stamps, clocks, np, st["timer_step_ns"]))
                 line = " ".join(f"{k}={v:.2f}" for k, v in out["median"].items())
                 print(f"{spec.name:20s} median: {line}")
                 line = " ".join(f"{k}={v:.2f}" for k, v in out["last"].items())
@@ -333,9 +341,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                       f"{out['sm_clock_mhz_median']} MHz, min {out['sm_clock_mhz_min']}, "
                       f"max {out['sm_clock_mhz_max']}", flush=True)
                 return out, first
-            ms = ctx.time_ours(lambda: [g.replay() for g in graphs]) / len(graphs)
+            ms = ctx.time_ours(replay_all) / len(graphs)
             rt.latch.check()
-            state = ctx.sustained_state(lambda: [g.replay() for g in graphs])
+            state = ctx.sustained_state(replay_all)
             graphs[0].replay()
             rt.synchronize()
             y = sets[0]["y"].clone()
