@@ -210,7 +210,7 @@ class BenchContext:
     def log(self, msg: str) -> None:
         print(f"[bench] {msg}", flush=True)
 
-    def _keep_busy(self, fn: Callable[[], Any], sync: Callable[[], None],
+    def keep_busy(self, fn: Callable[[], Any], sync: Callable[[], None],
                    ms: float | None = None) -> None:
         """Run ``fn`` back to back for ``ms`` (default ``warm_ms``) of wall time, then ``sync``.
 
@@ -253,9 +253,9 @@ class BenchContext:
             return None
         sync = sync or self.rt.synchronize
         with DeviceSampler(gpu) as smp:
-            self._keep_busy(fn, sync, 0.2 * self.state_ms)
+            self.keep_busy(fn, sync, 0.2 * self.state_ms)
             smp.mark()
-            self._keep_busy(fn, sync, 0.8 * self.state_ms)
+            self.keep_busy(fn, sync, 0.8 * self.state_ms)
         return smp.summary
 
     def time_ours(self, fn: Callable[[], None], warmup: int = 3, reps: int = 20) -> float:
@@ -265,7 +265,7 @@ class BenchContext:
         for _ in range(warmup):
             fn()
         self.rt.synchronize()
-        self._keep_busy(fn, self.rt.synchronize)
+        self.keep_busy(fn, self.rt.synchronize)
         times = []
         for _ in range(reps):
             check(driver.cuEventRecord(self._start, s), "cuEventRecord")
@@ -283,7 +283,7 @@ class BenchContext:
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
-        self._keep_busy(fn, torch.cuda.synchronize)
+        self.keep_busy(fn, torch.cuda.synchronize)
         times = []
         for _ in range(reps):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

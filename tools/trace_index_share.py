@@ -303,7 +303,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 grid = plan.grid
                 stamps, clocks, gaps = [], [], []
                 if args.trace_warm_ms > 0:  # the bench's state before its timed samples
-                    ctx._keep_busy(replay_all, rt.synchronize,
+                    ctx.keep_busy(replay_all, rt.synchronize,
                                    args.trace_warm_ms)
                 for rep in range(args.replays + 2):
                     for b in bufs:
@@ -312,12 +312,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     graphs[0].replay()
                     graphs[1].replay()
                     rt.synchronize()
-                    a, b2 = (x.view(-1, 2 * STAMPS)[:grid].cpu().numpy() for x in bufs)
                     if rep < 2:  # warm-up replays
                         continue
-                    stamps.append(a[:, :STAMPS])
-                    clocks.append(a[:, STAMPS:])
-                    a, b2 = a[:, :STAMPS], b2[:, :STAMPS]
+                    # [cta, 32]: %globaltimer stamps, then %clock64 (the kernel's WS_TRACE)
+                    full, full2 = (x.view(-1, 2 * STAMPS)[:grid].cpu().numpy() for x in bufs)
+                    a, b2 = full[:, :STAMPS], full2[:, :STAMPS]
+                    stamps.append(a)
+                    clocks.append(full[:, STAMPS:])
                     end_a = np.where(a[:, 10:12] > 0, a[:, 10:12], 0).max()
                     gaps.append((b2[:, 0].min() - end_a) / 1e3)
                 st = _stats(stamps, np)
