@@ -106,7 +106,7 @@ PAGED_K_RACE="test_mla_32_key_tiles or (test_simple_odd_head and bf16) or test_s
 IS_K_RACE="(test_matches_reference and (f16-mha-hiN-rank2 or bf16-mma-wm1-rank4-cap \
 or f32-decode-splitk or f32-cap-hiN-k1 or bf16-wg-h64-g96-cap or f16-ws-gqa2-g128-h64)) \
 or (test_capture_replay_and_poisoned_indices and ws-cluster and none) \
-or (test_chained_calls_in_one_graph and ws-cluster)"
+or (test_chained_calls_in_one_graph and ws-cluster and k320)"
 
 run_tool() {
   local tool=$1 ak=$2 pk=$3 ik=$4 dk=$5 log="$OUT/$1.log" t0 rc
