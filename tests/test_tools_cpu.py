@@ -131,23 +131,28 @@ def test_trace_index_share_cps_hook() -> None:
 
 
 def test_trace_build_compiles() -> None:
-    """The IS_TRACE build the tool asks for compiles (cluster build, sm_90a) and stamps
-    %globaltimer and %clock64; the shipped build has neither; the non-cluster build refuses
-    IS_TRACE (its part_o holds the split partials)."""
+    """The IS_TRACE builds the tool asks for compile (cluster builds, sm_90a) with their
+    wgmmas kept asynchronous and stamp %globaltimer and %clock64; the shipped build has
+    neither; the non-cluster build refuses IS_TRACE (its part_o holds the split partials)."""
     from nxrt.compiler import CompileError, compile_source
     from nxrt_kernels import _common, index_share
 
     ws = [dict(v.defines) | {"_v": v} for v in index_share.compile_variants()
           if v.file == "index_share_ws.cu"]
     ws = [d for d in ws if d["IS_DTYPE"] == 2 and d["IS_HD"] == 128]
+    clusters = [d["_v"] for d in ws if d.get("IS_CLUSTER")]  # 128- and 64-key tiles
     cluster = next(d["_v"] for d in ws if d.get("IS_CLUSTER") and "IS_KT" not in d)
     plain = next(d["_v"] for d in ws if not d.get("IS_CLUSTER") and not d.get("IS_Q2"))
     src = _common.source("index_share_ws.cu")
-    c = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, "-DIS_TRACE=1"],
-                       _common.headers(), cubin=False)
-    ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
-    assert ptx.count("%globaltimer") >= 8
-    assert ptx.count("%clock64") == ptx.count("%globaltimer")  # a cycle count with every stamp
+    assert len(clusters) == 2
+    for v in clusters:
+        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*v.options, "-DIS_TRACE=1"],
+                           _common.headers())
+        ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
+        assert ptx.count("%globaltimer") >= 8
+        assert ptx.count("%clock64") == ptx.count("%globaltimer")  # a cycle count per stamp
+        # A trace of a build whose wgmmas ptxas serialised (C7511) would time another kernel.
+        assert "C7511" not in c.log, c.log
     shipped = compile_source(src, "index_share_ws.cu", "sm_90a", list(cluster.options),
                              _common.headers(), cubin=False)
     sp = shipped.ptx.decode() if isinstance(shipped.ptx, bytes) else shipped.ptx
