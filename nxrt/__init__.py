@@ -21,6 +21,7 @@ from .errors import (
     CudaError,
     KernelError,
     NxrtError,
+    PerformanceWarning,
     Unsupported,
     WorkspaceError,
 )
@@ -35,8 +36,8 @@ __version__ = "0.1.0"
 __all__ = [
     "CaptureError", "CaptureSupport", "Capabilities", "CompileCache", "CompileError",
     "CudaError", "CudaRuntime", "DataType", "DeviceArray", "Function", "Graph", "Kernel", "KernelError",
-    "KernelFactory", "LaunchConfig", "MemoryStats", "Node", "NxrtError", "TensorMetadata",
-    "TensorMut", "TensorView", "Unsupported", "WorkspaceError", "WorkspaceLifetime",
+    "KernelFactory", "LaunchConfig", "MemoryStats", "Node", "NxrtError", "PerformanceWarning",
+    "TensorMetadata", "TensorMut", "TensorView", "Unsupported", "WorkspaceError", "WorkspaceLifetime",
     "WorkspaceRequirement", "WorkspaceView", "default_cache", "device_count",
     "gpu_missing_reason", "reduction_launch_config", "__version__",
 ]

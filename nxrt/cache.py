@@ -122,7 +122,7 @@ def _encode(key: str, compiled: Compiled, name: str) -> bytes:
         "format": FORMAT_VERSION, "key": key, "name": name, "arch": compiled.arch,
         "nvrtc": list(compiler.nvrtc_version()), "cubin_len": len(compiled.cubin),
         "ptx_len": len(compiled.ptx), "compile_seconds": compiled.seconds,
-        "created": time.time(),
+        "created": time.time(), "log": compiled.log,
     }, sort_keys=True).encode()
     body = MAGIC + struct.pack("<I", len(meta)) + meta + compiled.cubin + compiled.ptx
     return body + hashlib.sha256(body).digest()
@@ -146,7 +146,7 @@ def _decode(data: bytes, key: str | None) -> tuple[dict, Compiled] | None:
             return None
         start = head + mlen
         compiled = Compiled(cubin=body[start:start + clen], ptx=body[start + clen:start + clen + plen],
-                            arch=str(meta.get("arch", "")), log="",
+                            arch=str(meta.get("arch", "")), log=str(meta.get("log", "")),
                             seconds=float(meta.get("compile_seconds", 0.0)))
     except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
         return None
@@ -200,6 +200,8 @@ class CompileCache:
                 with self._lock:
                     self.stats.disk_hits += 1
                     self._memory[key] = loaded
+                # An entry compiled by another process: its ptxas advisories still apply.
+                compiler.warn_performance_loss(name, arch, loaded.log)
                 return loaded
         with self._lock:
             self.stats.misses += 1

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from . import __version__, compiler
 from .cache import default_cache
 from .device import gpu_missing_reason
-from .errors import CompileError, NxrtError
+from .errors import CompileError, NxrtError, PerformanceWarning
 
 
 def _print(msg: str = "") -> None:
@@ -130,15 +131,19 @@ def _variants() -> list[tuple[str, Any]]:
     return out
 
 
-def _warm_one(file: str, module: str, target: str, options: tuple[str, ...]) -> tuple[float, bool]:
-    """One variant into the disk cache (runs in a worker process): (seconds, compiled?)."""
+def _warm_one(file: str, module: str, target: str,
+              options: tuple[str, ...]) -> tuple[float, bool, list[str]]:
+    """One variant into the disk cache (runs in a worker process): (seconds, compiled?,
+    ptxas's performance advisories)."""
     from nxrt_kernels import _common
 
     cache = default_cache()
     before = cache.stats.compiles  # a worker process handles many variants
     t = time.perf_counter()
-    cache.get(_common.source(file), module + ".cu", target, options, _common.headers())
-    return time.perf_counter() - t, cache.stats.compiles > before
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PerformanceWarning)  # warm() reports them
+        got = cache.get(_common.source(file), module + ".cu", target, options, _common.headers())
+    return time.perf_counter() - t, cache.stats.compiles > before, compiler.performance_loss(got.log)
 
 
 def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int, int, list[str]]:
@@ -154,7 +159,7 @@ def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int,
                 continue
             target = f"sm_{num}{v.arch_suffix}"
             work.append((op, v, target))
-    done, errors, t0 = 0, [], time.perf_counter()
+    done, errors, advice, t0 = 0, [], [], time.perf_counter()
     total = len(work)
     compiled = hits = 0
     # NVRTC does not run in parallel inside one process: compile in worker processes that
@@ -168,10 +173,11 @@ def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int,
             op, v, target = futures[fut]
             done += 1
             try:
-                secs, did_compile = fut.result()
+                secs, did_compile, lines = fut.result()
                 compiled += did_compile
                 hits += not did_compile
                 msg = f"{v.file} {target} {' '.join(v.options)} ({secs:.1f} s)"
+                advice += [f"{v.file} {target} {' '.join(v.options)}: {ln}" for ln in lines]
             except CompileError as exc:
                 errors.append(exc.dump())
                 msg = f"FAILED: {exc}"
@@ -182,6 +188,12 @@ def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int,
         print(f"\nwarm: {total} variants for {', '.join(archs)} in {time.perf_counter() - t0:.1f} s; "
               f"{compiled} compiled, {hits} already cached, "
               f"{len(errors)} failed", file=sys.stderr)
+    if advice:  # compiled, but slowed down (e.g. C7511: serialised wgmmas); known per toolkit
+        if not quiet:
+            print(f"warm: ptxas reports a performance loss in {len(advice)} variant(s):",
+                  *sorted(advice), sep="\n  ", file=sys.stderr)
+        warnings.warn(PerformanceWarning(f"{len(advice)} warmed variant(s)", ", ".join(archs),
+                                         sorted(advice)), stacklevel=2)
     return done - len(errors), 0, errors
 
 

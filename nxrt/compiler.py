@@ -12,11 +12,12 @@ import functools
 import os
 import re
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ._check import check_nvrtc, nvrtc
-from .errors import CompileError
+from .errors import CompileError, PerformanceWarning
 
 __all__ = [
     "Compiled",
@@ -240,7 +241,21 @@ def compile_source(source: str, name: str, arch: str, options: Sequence[str] = (
             check_nvrtc(nvrtc.nvrtcGetCUBIN(prog, cub), "nvrtcGetCUBIN")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+    warn_performance_loss(name, arch, log)
     return Compiled(cubin=cub, ptx=ptx, arch=arch, log=log, seconds=time.perf_counter() - t0)
+
+
+def performance_loss(log: str) -> list[str]:
+    """ptxas's "Potential Performance Loss" advisories in an NVRTC log (e.g. C7511: wgmma
+    instructions serialised for want of registers)."""
+    return [ln.strip() for ln in log.splitlines() if "Potential Performance Loss" in ln]
+
+
+def warn_performance_loss(name: str, arch: str, log: str) -> None:
+    """Warn (:class:`~nxrt.errors.PerformanceWarning`) if ``log`` holds such advisories."""
+    lines = performance_loss(log)
+    if lines:
+        warnings.warn(PerformanceWarning(name, arch, lines), stacklevel=3)
 
 
 def _compile_error(name: str, log: str, source: str, opts: Sequence[str]) -> CompileError:

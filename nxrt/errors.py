@@ -17,6 +17,7 @@ __all__ = [
     "Unsupported",
     "CaptureError",
     "WorkspaceError",
+    "PerformanceWarning",
 ]
 
 
@@ -137,3 +138,31 @@ class WorkspaceError(NxrtError):
         self.required = int(required)
         self.provided = int(provided)
         super().__init__(message)
+
+
+class PerformanceWarning(UserWarning):
+    """A kernel compiled, but ptxas reported that it gave up performance to do so.
+
+    Raised as a warning (``warnings.warn``) by :func:`nxrt.compiler.compile_source` when the
+    log holds a "Potential Performance Loss" advisory, e.g. C7511: too few registers to keep
+    wgmma instructions in flight, so every wgmma of the kernel is serialised (several times
+    slower on Hopper). Such advisories depend on the ptxas version inside NVRTC, so a kernel
+    clean on one toolkit can draw one on another. ``-W error::nxrt.PerformanceWarning``
+    turns it into a failure (nxrt's own tests do).
+
+    Attributes
+    ----------
+    name : str
+        The source's file name as given to NVRTC.
+    arch : str
+        The compile target, e.g. ``sm_90a``.
+    lines : tuple of str
+        ptxas's advisory lines.
+    """
+
+    def __init__(self, name: str, arch: str, lines: Sequence[str]) -> None:
+        self.name, self.arch, self.lines = name, arch, tuple(lines)
+        super().__init__(f"{name} ({arch}): ptxas reports a performance loss: " + "; ".join(self.lines))
+
+    def __reduce__(self):  # keep the fields across pickle
+        return (type(self), (self.name, self.arch, self.lines))

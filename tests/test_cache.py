@@ -18,6 +18,7 @@ import pytest
 from nxrt import cache as cache_mod
 from nxrt import compiler
 from nxrt.cache import CompileCache
+from nxrt.errors import PerformanceWarning
 
 ARCH = "sm_80"
 TINY = 'extern "C" __global__ void k(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = 1.0f; }\n'
@@ -93,6 +94,38 @@ def test_compile_then_disk_hit_in_fresh_object(tmp_path):
     assert (c2.stats.memory_hits, c2.stats.disk_hits, c2.stats.compiles) == (1, 1, 0)
     d = c2.stats.as_dict()
     assert d["hits"] == 2 == c2.stats.hits
+
+
+ADVISORY = ("ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are "
+            "serialized due to insufficient register resources for the wgmma pipeline in the "
+            "function 'k' in line 12")
+
+
+def test_ptxas_performance_advisory_warns_at_compile_and_on_disk_hits(tmp_path, monkeypatch):
+    """A log with ptxas's "Potential Performance Loss" (C7511: serialised wgmmas) warns when
+    compiled and again when another cache object (another process) loads the entry; a
+    memory hit and a clean log say nothing."""
+    real = compiler._program_log
+    monkeypatch.setattr(compiler, "_program_log", lambda prog: real(prog) + ADVISORY + "\n")
+    c1 = CompileCache(tmp_path, disk=True)
+    with pytest.warns(PerformanceWarning, match="C7511") as rec:
+        a = c1.get(TINY, "tiny.cu", ARCH)
+    assert len(rec) == 1
+    w = rec[0].message
+    assert (w.name, w.arch, w.lines) == ("tiny.cu", ARCH, (ADVISORY,))
+    assert ADVISORY in a.log
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c1.get(TINY, "tiny.cu", ARCH)  # memory hit
+    monkeypatch.undo()
+    c2 = CompileCache(tmp_path, disk=True)
+    with pytest.warns(PerformanceWarning, match="C7511"):
+        b = c2.get(TINY, "tiny.cu", ARCH)
+    assert c2.stats.disk_hits == 1 and ADVISORY in b.log and b.cubin == a.cubin
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for c in (CompileCache(tmp_path / "clean", disk=True), CompileCache(tmp_path / "clean", disk=True)):
+            assert compiler.performance_loss(c.get(TINY2, "tiny.cu", ARCH).log) == []
 
 
 def test_memory_hit_does_no_disk_io(tmp_path):

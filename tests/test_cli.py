@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
+from nxrt import cli, compiler
+from nxrt.cache import CompileCache
 from nxrt.cli import main
+from nxrt.errors import PerformanceWarning
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -62,12 +65,35 @@ def test_warm_fills_the_cache_without_a_gpu():
     res = run_cli("warm", "--arch", "sm_90", env=env)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "failed" in res.stderr and " 0 failed" in res.stderr
+    # No shipped variant draws a ptxas performance advisory (e.g. serialised wgmmas) here.
+    assert "performance loss" not in res.stderr, res.stderr[-4000:]
     ls = run_cli("cache", "ls", env=env)
     n = int(ls.stdout.strip().splitlines()[-1].split()[0])
     assert n >= 1
     # A second warm compiles nothing: everything comes from the disk cache.
     again = run_cli("warm", "--arch", "sm_90", env=env)
     assert again.returncode == 0 and " 0 compiled" in again.stderr, again.stderr[-2000:]
+
+
+def test_warm_reports_ptxas_performance_advisories(tmp_path, monkeypatch):
+    """An entry whose compile drew ptxas's "Potential Performance Loss" is named by warm (from
+    its worker's disk hit), as one PerformanceWarning listing the variants."""
+    from nxrt_kernels import _common, index_share
+
+    v = next(x for x in index_share.compile_variants() if x.min_arch <= 80)
+    monkeypatch.setenv("NXRT_CACHE_DIR", str(tmp_path))  # the spawned workers' cache too
+    monkeypatch.setattr(cli, "_variants", lambda: [("pkg.nxrt::IndexShare", v)])
+    line = "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized"
+    real = compiler._program_log
+    with monkeypatch.context() as m:
+        m.setattr(compiler, "_program_log", lambda prog: real(prog) + line + "\n")
+        with pytest.warns(PerformanceWarning):
+            CompileCache(tmp_path, disk=True).get(_common.source(v.file), v.module + ".cu", "sm_80",
+                                                  v.options, _common.headers())
+    with pytest.warns(PerformanceWarning, match="1 warmed variant") as rec:
+        ok, _skip, errors = cli.warm(["sm_80"], jobs=1, quiet=True)
+    assert (ok, errors) == (1, [])
+    assert rec[0].message.lines == (f"{v.file} sm_80 {' '.join(v.options)}: {line}",)
 
 
 def test_warm_rejects_a_bad_arch():

@@ -14,6 +14,7 @@ from nxrt.errors import (
     CudaError,
     KernelError,
     NxrtError,
+    PerformanceWarning,
     Unsupported,
     WorkspaceError,
 )
@@ -84,6 +85,16 @@ def test_compile_error_fields_dump_and_pickle():
     out = _roundtrip(err)
     assert (out.name, out.log, out.source, out.options) == (err.name, err.log, err.source, err.options)
     assert out.dump() == err.dump()
+
+
+def test_performance_warning_fields_message_and_pickle():
+    line = "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized"
+    w = PerformanceWarning("k.cu", "sm_90a", [line])
+    assert issubclass(PerformanceWarning, UserWarning) and not issubclass(PerformanceWarning, NxrtError)
+    assert (w.name, w.arch, w.lines) == ("k.cu", "sm_90a", (line,))
+    assert str(w).startswith("k.cu (sm_90a): ptxas reports a performance loss: ptxas info")
+    out = _roundtrip(w)
+    assert (out.name, out.arch, out.lines) == (w.name, w.arch, w.lines)
 
 
 def test_compile_error_empty_source():

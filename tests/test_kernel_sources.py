@@ -20,6 +20,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 import pytest
 
 import nxrt_kernels
+from nxrt import compiler
 from nxrt.cache import CompileCache
 from nxrt.errors import CompileError
 from nxrt_kernels import _common
@@ -160,11 +161,11 @@ def test_variant_compiles(compiles, kernel_cache, module, variant, target):
         pytest.fail(f"{err}\n--- options ---\n{' '.join(err.options)}\n--- log ---\n{err.log}",
                     pytrace=False)
     assert compiled.cubin.startswith(b"\x7fELF")
-    # ptxas's C7511: too few registers to keep wgmmas in flight, so it serialises every one
-    # of the kernel (a silent slowdown of several us). Seen when the compile ran here (a
-    # cache hit keeps no log; CI starts from an empty cache).
+    # ptxas's "Potential Performance Loss" advisories, e.g. C7511: too few registers to keep
+    # wgmmas in flight, so every wgmma of the kernel is serialised (several us slower). (A
+    # disk hit also raises nxrt.PerformanceWarning, an error under this suite's settings.)
     log = log or compiled.log
-    assert "C7511" not in log, f"{_vid(variant)} {target}: ptxas serialised its wgmmas:\n{log}"
+    assert not compiler.performance_loss(log), f"{_vid(variant)} {target}:\n{log}"
     assert f".target {target}".encode() in compiled.ptx
     # Every listed entry is an unmangled (extern "C") kernel of this translation unit.
     missing = [e for e in variant.entries if f".entry {e}(".encode() not in compiled.ptx]

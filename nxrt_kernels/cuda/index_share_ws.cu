@@ -47,8 +47,7 @@
 // arrival counter. Each thread st.asyncs its rows' (m, l) into the partner's inbox (a
 // shared-memory region no loop uses, after the raw index slots) as soon as its last
 // softmax ran, and, once its O is final, the half of its granules that the partner
-// finishes (at IS_HD 128 and 128-key tiles: as soon as the last P V's half for those channels
-// retired, while the other half runs), each completing bytes on one of the partner's two exchange mbarriers; the
+// finishes, each completing bytes on one of the partner's two exchange mbarriers; the
 // partner computes the merge weights when the (m, l) have landed and finishes its half
 // with is_finish_if_last_v4's arithmetic (the same bits) when the granules have. The
 // producer leaves the index rules to the consumers there (they run while K(0) streams in;
@@ -99,19 +98,17 @@
 // half landed, 10 + w rows stored, 12 + w combined, 14 + w staged for the stores (w: the
 // consumer warpgroup; stamped by thread 0 of the producer or of warpgroup w). CTA c's
 // stamps are part_o's u64 words 32 c + k (%globaltimer, ns) and 32 c + 16 + k (%clock64, the
-// SM's cycle counter: with the first, the SM clock the CTA ran at). Each value is stored as
-// soon as it is read: two 64-bit values held to a joint store were enough registers for
-// ptxas to serialise every wgmma of the trace build (C7511) once the last P V was split.
+// SM's cycle counter: with the first, the SM clock the CTA ran at).
 #if IS_TRACE
 #define WS_TRACE(k)                                                              \
   do {                                                                           \
+    unsigned long long t_, c_;                                                   \
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t_));                     \
+    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c_));                         \
     if (part_o) {                                                                \
       unsigned long long* w_ = reinterpret_cast<unsigned long long*>(part_o) + 32 * blockIdx.x; \
-      unsigned long long v_;                                                     \
-      asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(v_));                   \
-      w_[k] = v_;                                                                \
-      asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(v_));                       \
-      w_[16 + (k)] = v_;                                                         \
+      w_[k] = t_;                                                                \
+      w_[16 + (k)] = c_;                                                         \
     }                                                                            \
   } while (0)
 #else
@@ -693,7 +690,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     float Lq[2] = {0.f, 0.f};
     const int nsrc = t.nh > 64 ? 2 * NTP : NTP;
     const unsigned peer = (unsigned)(cl_rank ^ 1);
-    bool sent = false;  // this thread's granules left with the last P V (see there)
 #endif
     if (!active) {
       // Idle (the item has at most 64 heads): only the waits and releases of the loop.
@@ -782,48 +778,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
         for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
         wg_fence();
-#if IS_CLUSTER && IS_HD == 128 && IS_KT == 128
-        // The last P V as two m64n64 halves (the same bits as one m64n128), the partner's
-        // half first: its granules (o[1] from rank 0, o[0] from rank 1: granule J is
-        // o[J / 8], XH = 8) leave by st.async while the other half runs (H200: -0.1 to
-        // -0.3 us per call, NOTES IndexShare round 15). Unrolled per rank, so that the
-        // accumulators keep constant register indices. Not at 64-key tiles: unmeasured there,
-        // and their trace build's wgmmas would be serialised (ptxas C7511).
-        auto pv_half = [&](float (&d)[32], int qb) {
-          const unsigned long long dv =
-              desc_sw128(sbase + OFF_V + st * T_BYTES + qb * TBLK, TBLK, 1024);
-#pragma unroll
-          for (int kk = 0; kk < KT / 16; ++kk) wg_rs(d, pa[kk], dv + (kk * 16 * 128 >> 4));
-        };
-        auto send_half = [&](const float (&d)[32]) {
-          const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
-          const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            ws_st_async4(rx + 4096u * j, d[4 * j], d[4 * j + 1], d[4 * j + 2], d[4 * j + 3], rbar);
-        };
-        if (cl_rank == 0) {
-          pv_half(o[1], 1);
-          wg_commit();
-          pv_half(o[0], 0);
-          wg_commit();
-          wg_wait1();
-          fence_regs(o[1]);
-          send_half(o[1]);
-        } else {
-          pv_half(o[0], 0);
-          wg_commit();
-          pv_half(o[1], 1);
-          wg_commit();
-          wg_wait1();
-          fence_regs(o[0]);
-          send_half(o[0]);
-        }
-        sent = true;
-#else
         issue_pv(st);
         wg_commit();
-#endif
         wg_wait0();
 #pragma unroll
         for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
@@ -846,7 +802,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // same rows and columns) finishes from its registers and the inbox.
     if (active) {
       if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), XH * 16u * (unsigned)nsrc);
-      if (!sent) {
+      {
         const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
         const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
         // (Unrolled over every granule, so the register indices are constants.)
