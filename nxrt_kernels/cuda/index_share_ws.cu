@@ -118,6 +118,13 @@
 #endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
+// The cluster build at HD 128 and 128-key tiles sends its partner's half of O while the
+// last P V's other half runs. For that, V's two 64-channel blocks sit swapped in rank 0's
+// slots (the producer's fill), so o[0] is the partner's half in both ranks and o[1] their
+// own (the same code in both: per-rank branches there cost ptxas registers it could not
+// spare, C7511/C7519; NOTES IndexShare round 15).
+#define WS_XSPLIT (IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
+
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
 
 static_assert(IS_DTYPE == 1 || IS_DTYPE == 2, "wgmma takes f16 or bf16");
@@ -490,10 +497,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
 #endif
       auto fill = [&](unsigned full, unsigned empty, int gi, unsigned ring, int tile,
-                      const is_t* p0, const is_t* p1) {
+                      const is_t* p0, const is_t* p1, int cd) {
         const int st = gi % NST, u = gi / NST;
         if (u > 0) mbar_wait(empty + 8 * st, (u - 1) & 1);
-        const unsigned d = ring + st * T_BYTES + sw_off(r0, c, TBLK);
+        const unsigned d = ring + st * T_BYTES + sw_off(r0, cd, TBLK);
         // Column col0 + k RSTEP, laundered so the compiler does not keep RPT column
         // constants live across the loop (spills at IS_PREG registers).
         int col0 = tile * KT + r0;
@@ -518,8 +525,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const is_t* kp1 = k1 + base1 * HD + c * 8;
       const is_t* vp0 = v0 + base0 * HD + c * 8;
       const is_t* vp1 = v1 + base1 * HD + c * 8;
+      const int cv = WS_XSPLIT && cl_rank == 0 ? c ^ 8 : c;  // V's chunk slot (see WS_XSPLIT)
       // 2. K(0).
-      if (ntiles > 0) fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1);
+      if (ntiles > 0)
+        fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1, c);
       // 3. Q (the first item's is on its way; IS_CLUSTER: see step 1).
 #if IS_CLUSTER
       if (t.nh <= KT) load_q(t, qn);
@@ -532,8 +541,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       for (int it = 0; it < ntiles; ++it) {
         if (it + 1 < ntiles)
           fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt + it + 1, sbase + OFF_K, it + 1, kp0,
-               kp1);
-        fill(bar_vfull(bars, 0), bar_vempty(bars, 0), gt + it, sbase + OFF_V, it, vp0, vp1);
+               kp1, c);
+        fill(bar_vfull(bars, 0), bar_vempty(bars, 0), gt + it, sbase + OFF_V, it, vp0, vp1, cv);
       }
       gt += ntiles;
       ++qn;
@@ -690,6 +699,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     float Lq[2] = {0.f, 0.f};
     const int nsrc = t.nh > 64 ? 2 * NTP : NTP;
     const unsigned peer = (unsigned)(cl_rank ^ 1);
+    bool sent = false;  // WS_XSPLIT: this thread's granules left with the last P V
+    // The granule block this CTA finishes (J / XH == keep): its own rank's, but o[1] in
+    // both ranks with WS_XSPLIT.
+    const int keep = WS_XSPLIT ? 1 : cl_rank;
 #endif
     if (!active) {
       // Idle (the item has at most 64 heads): only the waits and releases of the loop.
@@ -778,8 +791,33 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
         for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
         wg_fence();
+#if WS_XSPLIT
+        // The last P V as two m64n64 halves (the same bits as one m64n128), o[0] (the
+        // partner's half, see WS_XSPLIT) first: its granules leave by st.async while o[1]'s
+        // half runs (granule J is o[J / 8], XH = 8).
+        const unsigned long long dv = desc_sw128(sbase + OFF_V + st * T_BYTES, TBLK, 1024);
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; ++kk) wg_rs(o[0], pa[kk], dv + (kk * 16 * 128 >> 4));
+        wg_commit();
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; ++kk)
+          wg_rs(o[1], pa[kk], dv + ((TBLK + kk * 16 * 128) >> 4));
+        wg_commit();
+        wg_wait1();
+        fence_regs(o[0]);
+        {
+          const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
+          const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            ws_st_async4(rx + 4096u * j, o[0][4 * j], o[0][4 * j + 1], o[0][4 * j + 2],
+                         o[0][4 * j + 3], rbar);
+        }
+        sent = true;
+#else
         issue_pv(st);
         wg_commit();
+#endif
         wg_wait0();
 #pragma unroll
         for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
@@ -793,23 +831,24 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #if IS_CLUSTER
     // ---- The split merge with the partner CTA (rank = split; see the header). Each thread
     // owns float4 granules of O (J = 0 .. 8 HB - 1: rows g, g + 8 of its warp's slab, two
-    // adjacent columns of block J); granules J / XH == rank are the half this CTA finishes.
-    // The other half goes straight from registers to the partner's inbox by st.async
-    // (granule row k of thread ctid at byte 16 (256 k + ctid)), completing bytes on its
-    // exchange mbarrier; the thread's (m0, m1, L0, L1) went ahead to inbox row XH (on
+    // adjacent columns of block J); granules J / XH == keep are the half this CTA finishes
+    // (channels 64 rank .. + 63, in o[1] with WS_XSPLIT). The other half goes straight from
+    // registers to the partner's inbox by st.async (granule row k of thread ctid at byte
+    // 16 (256 k + ctid)), completing bytes on its exchange mbarrier (WS_XSPLIT: already
+    // sent with the last P V); the thread's (m0, m1, L0, L1) went ahead to inbox row XH (on
     // bar_xml, before the last P V). The inbox is a region no loop uses, so each warp sends
     // as soon as its own O is final, and the thread with the same ctid in the partner (the
     // same rows and columns) finishes from its registers and the inbox.
     if (active) {
       if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), XH * 16u * (unsigned)nsrc);
-      {
+      if (!sent) {
         const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
         const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
         // (Unrolled over every granule, so the register indices are constants.)
 #pragma unroll
         for (int J = 0; J < 8 * HB; ++J) {
           const float* v = &o[J >> 3][4 * (J & 7)];
-          if (J / XH != cl_rank) ws_st_async4(rx + 4096u * (J % XH), v[0], v[1], v[2], v[3], rbar);
+          if (J / XH != keep) ws_st_async4(rx + 4096u * (J % XH), v[0], v[1], v[2], v[3], rbar);
         }
       }
       const float4* xi = reinterpret_cast<const float4*>(smem + xin_off) + ctid;
@@ -846,7 +885,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       unsigned out[XH][2];
 #pragma unroll
       for (int J = 0; J < 8 * HB; ++J) {
-        if (J / XH != cl_rank) continue;
+        if (J / XH != keep) continue;
         const int c = J % XH;
         const float* v = &o[J >> 3][4 * (J & 7)];
         const float4 ot = xi[256 * c];
