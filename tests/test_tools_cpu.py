@@ -169,6 +169,18 @@ def _bench_module():
     return bench
 
 
+def test_bench_failed_rows() -> None:
+    """A benchmark or case that raised leaves an "error" row, which makes bench.py exit 1
+    (gpu_check.sh reports it); a skipped peer ("none") and measured rows do not."""
+    bench = _bench_module()
+    rows = [bench.row("index_share", "decode", "1/ms", 40.0, "torch", 4.0),
+            bench.row("attention", "skipped", "none", 0, "torch", None, error="torch unavailable"),
+            bench.row("index_share", "{'kind': 'prefill'}", "error", 0, "CompileError", None,
+                      error="index_share_ws.cu(528): error: identifier \"cl_rank\" is undefined")]
+    assert bench.failed_rows(rows) == [rows[2]]
+    assert bench.failed_rows(rows[:2]) == []
+
+
 def test_smi_samples_summary() -> None:
     """nvidia-smi's csv lines become the sustained-state summary: junk lines are skipped, a
     reading equal to the one before it counts once, samples before ``since`` are left out."""

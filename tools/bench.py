@@ -484,7 +484,16 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{base}.md").write_text(md)
     plot(result, out / f"{base}.png")
     print(md)
-    return 0
+    failed = failed_rows(rows)
+    for r in failed:  # the files keep them too; the exit status tells gpu_check.sh
+        print(f"bench: {r['bench']} {r['case']}: {r['peer']}: {r.get('error', '')[:300]}",
+              file=sys.stderr)
+    return 1 if failed else 0
+
+
+def failed_rows(rows: list[dict]) -> list[dict]:
+    """The rows that record a failure (metric "error") rather than a measurement."""
+    return [r for r in rows if r.get("metric") == "error"]
 
 
 if __name__ == "__main__":

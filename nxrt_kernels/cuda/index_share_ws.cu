@@ -525,7 +525,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const is_t* kp1 = k1 + base1 * HD + c * 8;
       const is_t* vp0 = v0 + base0 * HD + c * 8;
       const is_t* vp1 = v1 + base1 * HD + c * 8;
-      const int cv = WS_XSPLIT && cl_rank == 0 ? c ^ 8 : c;  // V's chunk slot (see WS_XSPLIT)
+#if WS_XSPLIT
+      const int cv = cl_rank == 0 ? c ^ 8 : c;  // V's chunk slot (see WS_XSPLIT)
+#else
+      const int cv = c;
+#endif
       // 2. K(0).
       if (ntiles > 0)
         fill(bar_kfull(bars, 0), bar_kempty(bars, 0), gt, sbase + OFF_K, 0, kp0, kp1, c);
