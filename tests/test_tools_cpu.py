@@ -134,6 +134,7 @@ def test_trace_build_compiles() -> None:
     """The IS_TRACE builds the tool asks for compile (cluster builds, sm_90a) with their
     wgmmas kept asynchronous and stamp %globaltimer and %clock64; the shipped build has
     neither; the non-cluster build refuses IS_TRACE (its part_o holds the split partials)."""
+    from nxrt import compiler
     from nxrt.compiler import CompileError, compile_source
     from nxrt_kernels import _common, index_share
 
@@ -145,14 +146,18 @@ def test_trace_build_compiles() -> None:
     plain = next(d["_v"] for d in ws if not d.get("IS_CLUSTER") and not d.get("IS_Q2"))
     src = _common.source("index_share_ws.cu")
     assert len(clusters) == 2
-    for v in clusters:
-        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*v.options, "-DIS_TRACE=1"],
+    for v, extra in [(v, x) for v in clusters for x in ([], ["-DIS_XSPLIT=1"])]:
+        # (IS_XSPLIT: the kernel's split last P V, off in the shipped builds, A/B'd by this tool.)
+        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*v.options, "-DIS_TRACE=1", *extra],
                            _common.headers())
         ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
         assert ptx.count("%globaltimer") >= 8
         assert ptx.count("%clock64") == ptx.count("%globaltimer")  # a cycle count per stamp
         # A trace of a build whose wgmmas ptxas serialised (C7511) would time another kernel.
-        assert "C7511" not in c.log, c.log
+        assert not compiler.performance_loss(c.log), c.log
+    split = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, "-DIS_XSPLIT=1"],
+                           _common.headers())
+    assert not compiler.performance_loss(split.log), split.log
     shipped = compile_source(src, "index_share_ws.cu", "sm_90a", list(cluster.options),
                              _common.headers(), cubin=False)
     sp = shipped.ptx.decode() if isinstance(shipped.ptx, bytes) else shipped.ptx

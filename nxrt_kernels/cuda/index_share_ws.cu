@@ -58,8 +58,8 @@
 // first global access.
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
-// IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER, and
-// IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer and %clock64
+// IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER,
+// IS_XSPLIT (off: the split last P V, see there), and IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer and %clock64
 // stamps at the phase boundaries, 16 of each per CTA, into the buffer passed as part_o,
 // which the cluster build does not otherwise use (none when it is null); the shipped builds
 // compile it out).
@@ -118,12 +118,16 @@
 #endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
-// The cluster build at HD 128 and 128-key tiles sends its partner's half of O while the
-// last P V's other half runs. For that, V's two 64-channel blocks sit swapped in rank 0's
-// slots (the producer's fill), so o[0] is the partner's half in both ranks and o[1] their
-// own (the same code in both: per-rank branches there cost ptxas registers it could not
-// spare, C7511/C7519; NOTES IndexShare round 15).
-#define WS_XSPLIT (IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
+// IS_XSPLIT (off; NOTES IndexShare round 15: -0.1 to -0.3 us per decode call on the H200,
+// bitwise equal, not yet through the whole GPU suite): the cluster build at HD 128 and
+// 128-key tiles sends its partner's half of O while the last P V's other half runs. For
+// that, V's two 64-channel blocks sit swapped in rank 0's slots (the producer's fill), so
+// o[0] is the partner's half in both ranks and o[1] their own (the same code in both:
+// per-rank branches there cost ptxas registers it could not spare, C7511/C7519).
+#ifndef IS_XSPLIT
+#define IS_XSPLIT 0
+#endif
+#define WS_XSPLIT (IS_XSPLIT && IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
 
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
 
