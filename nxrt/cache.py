@@ -11,7 +11,9 @@ Cache key (sha256 over labelled, length-prefixed fields, so no two field lists c
 6. ``header``  — for every header the source may include (in-memory ``.cuh`` files and the
    CUDA headers found on disk), its name and content.
 
-An entry file is ``MAGIC | u32 meta length | meta JSON | CUBIN | PTX | sha256(all before)``.
+An entry file is ``MAGIC | u32 meta length | meta JSON | CUBIN | PTX | sha256(all before)``;
+the meta keeps NVRTC's log (format 2), so that a later process loading the entry still
+warns (:class:`~nxrt.errors.PerformanceWarning`) when ptxas reported a performance loss.
 Writes go to a temp file in the same directory and are published with ``os.replace``
 (atomic on POSIX), so readers see a whole entry or none, with any number of writers.
 An entry that is truncated, corrupt, of another format or for another key is a miss:
@@ -42,7 +44,7 @@ from .compiler import Compiled
 __all__ = ["FORMAT_VERSION", "CacheStats", "CacheEntry", "CompileCache", "default_cache",
            "cache_key", "default_cache_dir"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the meta keeps NVRTC's log
 MAGIC = b"NXRTCACHE\x01"
 _SUFFIX = ".nxc"
 _DIGEST = 32
@@ -201,17 +203,19 @@ class CompileCache:
                     self.stats.disk_hits += 1
                     self._memory[key] = loaded
                 # An entry compiled by another process: its ptxas advisories still apply.
+                # (Once per entry and process, as for a compile: memory hits stay quiet.)
                 compiler.warn_performance_loss(name, arch, loaded.log)
                 return loaded
         with self._lock:
             self.stats.misses += 1
-        compiled = compiler.compile_source(source, name, arch, options, headers)
+        compiled = compiler.compile_source(source, name, arch, options, headers, warn=False)
         with self._lock:
             self.stats.compiles += 1
             self.stats.compile_seconds += compiled.seconds
             self._memory[key] = compiled
         if self.disk:
             self._store(key, compiled, name)
+        compiler.warn_performance_loss(name, arch, compiled.log)  # stored first, as a disk hit
         return compiled
 
     # -- disk ---------------------------------------------------------------------------
@@ -301,9 +305,12 @@ class CompileCache:
         return total
 
     def clear(self) -> int:
-        """Remove every entry (disk and memory); returns the number of files removed."""
+        """Remove every entry (disk and memory), those of older cache formats (``v1/`` ...)
+        too; returns the number of files removed."""
         n = 0
-        for p in list(self._files()):
+        old = (p for d in sorted(self.directory.glob("v[0-9]*")) if d != self.root and d.is_dir()
+               for p in d.glob(f"*/*{_SUFFIX}"))
+        for p in [*self._files(), *old]:
             p.unlink(missing_ok=True)
             n += 1
         with self._lock:

@@ -146,10 +146,12 @@ def _warm_one(file: str, module: str, target: str,
     return time.perf_counter() - t, cache.stats.compiles > before, compiler.performance_loss(got.log)
 
 
-def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int, int, list[str]]:
+def warm(archs: Sequence[str], jobs: int = 0,
+         quiet: bool = False) -> tuple[int, int, list[str], dict[str, list[str]]]:
     """Compile every registered kernel variant for ``archs`` into the cache.
 
-    Returns (compiled or found, skipped, error messages).
+    Returns (compiled or found, skipped, error messages, ptxas performance advisories by
+    variant: ``"file target options"`` -> the log's "Potential Performance Loss" lines).
     """
     work = []
     for arch in archs:
@@ -159,7 +161,8 @@ def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int,
                 continue
             target = f"sm_{num}{v.arch_suffix}"
             work.append((op, v, target))
-    done, errors, advice, t0 = 0, [], [], time.perf_counter()
+    done, errors, t0 = 0, [], time.perf_counter()
+    advice: dict[str, list[str]] = {}
     total = len(work)
     compiled = hits = 0
     # NVRTC does not run in parallel inside one process: compile in worker processes that
@@ -176,8 +179,10 @@ def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int,
                 secs, did_compile, lines = fut.result()
                 compiled += did_compile
                 hits += not did_compile
-                msg = f"{v.file} {target} {' '.join(v.options)} ({secs:.1f} s)"
-                advice += [f"{v.file} {target} {' '.join(v.options)}: {ln}" for ln in lines]
+                vid = f"{v.file} {target} {' '.join(v.options)}"
+                msg = f"{vid} ({secs:.1f} s)"
+                if lines:
+                    advice[vid] = lines
             except CompileError as exc:
                 errors.append(exc.dump())
                 msg = f"FAILED: {exc}"
@@ -188,13 +193,7 @@ def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False) -> tuple[int,
         print(f"\nwarm: {total} variants for {', '.join(archs)} in {time.perf_counter() - t0:.1f} s; "
               f"{compiled} compiled, {hits} already cached, "
               f"{len(errors)} failed", file=sys.stderr)
-    if advice:  # compiled, but slowed down (e.g. C7511: serialised wgmmas); known per toolkit
-        if not quiet:
-            print(f"warm: ptxas reports a performance loss in {len(advice)} variant(s):",
-                  *sorted(advice), sep="\n  ", file=sys.stderr)
-        warnings.warn(PerformanceWarning(f"{len(advice)} warmed variant(s)", ", ".join(archs),
-                                         sorted(advice)), stacklevel=2)
-    return done - len(errors), 0, errors
+    return done - len(errors), 0, errors, advice
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
@@ -211,9 +210,14 @@ def cmd_warm(args: argparse.Namespace) -> int:
         dev.release()
     for a in archs:
         compiler.parse_arch(a)
-    _ok, _skip, errors = warm(archs, args.jobs)
+    _ok, _skip, errors, advice = warm(archs, args.jobs)
     for e in errors:
         print(e, file=sys.stderr)
+    if advice:  # compiled, but slowed down (e.g. C7511: serialised wgmmas); per NVRTC version
+        print(f"warm: ptxas reports a performance loss in {len(advice)} variant(s):",
+              file=sys.stderr)
+        for vid, lines in sorted(advice.items()):
+            print(f"  {vid}:", *lines, sep="\n    ", file=sys.stderr)
     return 1 if errors else 0
 
 

@@ -27,6 +27,8 @@ __all__ = [
     "include_dirs",
     "resolve_includes",
     "compile_source",
+    "performance_loss",
+    "warn_performance_loss",
     "HEADER_PACKAGES",
 ]
 
@@ -196,7 +198,8 @@ def full_options(options: Sequence[str], arch: str) -> list[str]:
 
 
 def compile_source(source: str, name: str, arch: str, options: Sequence[str] = (),
-                   headers: Mapping[str, str] | None = None, *, cubin: bool = True) -> Compiled:
+                   headers: Mapping[str, str] | None = None, *, cubin: bool = True,
+                   warn: bool = True) -> Compiled:
     """Compile one translation unit with NVRTC.
 
     Parameters
@@ -212,11 +215,20 @@ def compile_source(source: str, name: str, arch: str, options: Sequence[str] = (
         In-memory headers, include name → text.
     cubin
         Also produce CUBIN (the default); PTX is always produced.
+    warn
+        Warn about ptxas's performance advisories (the default); the cache passes False
+        and warns itself once the entry is stored.
 
     Raises
     ------
     CompileError
         NVRTC refused the source; the message names a missing header's package.
+
+    Warns
+    -----
+    PerformanceWarning
+        The log holds ptxas's "Potential Performance Loss" advisories (see
+        :func:`performance_loss`), e.g. C7511: wgmma instructions serialised.
     """
     headers = dict(headers or {})
     hnames = [k.encode() for k in headers]
@@ -241,7 +253,8 @@ def compile_source(source: str, name: str, arch: str, options: Sequence[str] = (
             check_nvrtc(nvrtc.nvrtcGetCUBIN(prog, cub), "nvrtcGetCUBIN")
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
-    warn_performance_loss(name, arch, log)
+    if warn:
+        warn_performance_loss(name, arch, log)
     return Compiled(cubin=cub, ptx=ptx, arch=arch, log=log, seconds=time.perf_counter() - t0)
 
 

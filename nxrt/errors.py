@@ -147,8 +147,10 @@ class PerformanceWarning(UserWarning):
     log holds a "Potential Performance Loss" advisory, e.g. C7511: too few registers to keep
     wgmma instructions in flight, so every wgmma of the kernel is serialised (several times
     slower on Hopper). Such advisories depend on the ptxas version inside NVRTC, so a kernel
-    clean on one toolkit can draw one on another. ``-W error::nxrt.PerformanceWarning``
-    turns it into a failure (nxrt's own tests do).
+    clean on one toolkit can draw one on another. It is raised once per kernel and process
+    (at the compile or at the first disk-cache load). ``warnings.simplefilter("error",
+    nxrt.PerformanceWarning)``, or pytest's ``-W error::nxrt.errors.PerformanceWarning``,
+    turns it into a failure (nxrt's own tests do, through ``pyproject.toml``).
 
     Attributes
     ----------

@@ -520,8 +520,10 @@ def _run_cpu(cfg: DemoConfig, reason: str, say: Callable[[str], None]) -> dict[s
     say(f"demo: no GPU ({reason}).")
     say("demo: compiling every kernel for sm_90, as a GPU run would load them (progress below):")
     t0 = time.perf_counter()
-    ok_variants, _skipped, errors = warm(["sm_90"])
+    ok_variants, _skipped, errors, advice = warm(["sm_90"])
     compile_s = time.perf_counter() - t0
+    for vid, lines in sorted(advice.items()):  # compiled, but ptxas slowed it down
+        say(f"demo: ptxas reports a performance loss in {vid}: {'; '.join(lines)}")
     model = DemoModel(cfg)
     claims = _claims(cfg, model)
     say(f"demo: running the prefill and {cfg.steps} decode steps with nxrt_kernels.reference ...")
@@ -541,6 +543,7 @@ def _run_cpu(cfg: DemoConfig, reason: str, say: Callable[[str], None]) -> dict[s
     return {
         "gpu": False, "reason": reason, "model": _model_info(cfg),
         "compile": {"arch": "sm_90", "variants": ok_variants + len(errors), "failed": len(errors),
+                    "performance_advisories": sorted(advice),
                     "seconds": round(compile_s, 2), "cache_dir": str(default_cache().directory)},
         "claims": claims,
         "cpu_reference": {"prefill_ops": cfg.layers * cfg.batch, "prefill_s": round(prefill_s, 4),

@@ -106,7 +106,7 @@ def test_ptxas_performance_advisory_warns_at_compile_and_on_disk_hits(tmp_path, 
     compiled and again when another cache object (another process) loads the entry; a
     memory hit and a clean log say nothing."""
     real = compiler._program_log
-    monkeypatch.setattr(compiler, "_program_log", lambda prog: real(prog) + ADVISORY + "\n")
+    monkeypatch.setattr(compiler, "_program_log", lambda prog: real(prog) + "\n" + ADVISORY + "\n")
     c1 = CompileCache(tmp_path, disk=True)
     with pytest.warns(PerformanceWarning, match="C7511") as rec:
         a = c1.get(TINY, "tiny.cu", ARCH)
@@ -114,6 +114,16 @@ def test_ptxas_performance_advisory_warns_at_compile_and_on_disk_hits(tmp_path, 
     w = rec[0].message
     assert (w.name, w.arch, w.lines) == ("tiny.cu", ARCH, (ADVISORY,))
     assert ADVISORY in a.log
+    # Under an error filter the compile raises, but only after storing the entry: like a disk
+    # hit, it warns once per process, and later hits are quiet.
+    c0 = CompileCache(tmp_path / "strict", disk=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceWarning)
+        with pytest.raises(PerformanceWarning):
+            c0.get(TINY, "tiny.cu", ARCH)
+        assert (c0.stats.compiles, c0.stats.writes) == (1, 1)
+        assert ADVISORY in c0.get(TINY, "tiny.cu", ARCH).log
+        assert c0.stats.memory_hits == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         c1.get(TINY, "tiny.cu", ARCH)  # memory hit
@@ -126,6 +136,18 @@ def test_ptxas_performance_advisory_warns_at_compile_and_on_disk_hits(tmp_path, 
         warnings.simplefilter("error")
         for c in (CompileCache(tmp_path / "clean", disk=True), CompileCache(tmp_path / "clean", disk=True)):
             assert compiler.performance_loss(c.get(TINY2, "tiny.cu", ARCH).log) == []
+
+
+def test_entries_of_format_1_are_misses(tmp_path, entries_bytes):
+    """Format 1 kept no NVRTC log, so its entries could not warn: they are recompiled."""
+    key, _data = entries_bytes[TINY]
+    c = CompileCache(tmp_path / "cache", disk=True)
+    p = c.path_for(key)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(_craft(_meta(key, format=1)))
+    assert cache_mod.FORMAT_VERSION == 2 and f"v{cache_mod.FORMAT_VERSION}" in str(p)
+    assert c.get(TINY, "tiny.cu", ARCH).cubin.startswith(b"\x7fELF")
+    assert (c.stats.compiles, c.stats.disk_hits) == (1, 0)
 
 
 def test_memory_hit_does_no_disk_io(tmp_path):
@@ -351,8 +373,16 @@ def test_entries_verify_clear(tmp_path):
     assert not bad.exists()
     assert c.verify() == (1, [])
 
-    assert c.clear() == 1
-    assert _files(tmp_path) == [] and c.entries() == []
+    old = tmp_path / "v1" / "ab" / ("ab" + "0" * 62 + ".nxc")  # an older format's entry
+    old.parent.mkdir(parents=True)
+    old.write_bytes(b"NXRTCACHE\x01 format 1")
+    keep = tmp_path / "notes" / "x.nxc"  # not the cache's: left alone
+    keep.parent.mkdir()
+    keep.write_bytes(b"")
+    assert c.entries() == c.entries()[:1] and len(c.entries()) == 1  # other formats unlisted
+    assert c.clear() == 2
+    assert _files(tmp_path) == [keep] and c.entries() == []
+    keep.unlink()
     before = c.stats.compiles
     c.get(TINY, "tiny.cu", ARCH)  # memory was cleared too
     assert c.stats.compiles == before + 1

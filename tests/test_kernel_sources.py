@@ -107,8 +107,8 @@ def kernel_cache() -> CompileCache:
 
 
 def _compile_into(directory: str, file: str, options: tuple, target: str) -> str:
-    """Worker: compile one variant into the cache directory; returns the compile's log (empty
-    when the cache already held it)."""
+    """Worker: compile one variant into the cache directory; returns NVRTC's log (kept in
+    the entry, so a disk hit returns it too)."""
     cache = CompileCache(directory, disk=True)
     return cache.get(_common.source(file), file, target, options, _common.headers()).log
 

@@ -146,8 +146,9 @@ def test_trace_build_compiles() -> None:
     plain = next(d["_v"] for d in ws if not d.get("IS_CLUSTER") and not d.get("IS_Q2"))
     src = _common.source("index_share_ws.cu")
     assert len(clusters) == 2
-    for v, extra in [(v, x) for v in clusters for x in ([], ["-DIS_XSPLIT=1"])]:
-        # (IS_XSPLIT: the kernel's split last P V, off in the shipped builds, A/B'd by this tool.)
+    # (IS_XSPLIT: the kernel's split last P V, off in the shipped builds, A/B'd by this tool;
+    # the 128-key-tile cluster build only.)
+    for v, extra in [*((v, []) for v in clusters), (cluster, ["-DIS_XSPLIT=1"])]:
         c = compile_source(src, "index_share_ws.cu", "sm_90a", [*v.options, "-DIS_TRACE=1", *extra],
                            _common.headers())
         ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
@@ -162,6 +163,10 @@ def test_trace_build_compiles() -> None:
                              _common.headers(), cubin=False)
     sp = shipped.ptx.decode() if isinstance(shipped.ptx, bytes) else shipped.ptx
     assert "%globaltimer" not in sp and "%clock64" not in sp  # compiled out when shipped
+    kt64 = next(v for v in clusters if v is not cluster)
+    with pytest.raises(CompileError, match="IS_XSPLIT"):
+        compile_source(src, "index_share_ws.cu", "sm_90a", [*kt64.options, "-DIS_XSPLIT=1"],
+                       _common.headers(), cubin=False)
     with pytest.raises(CompileError, match="IS_TRACE"):
         compile_source(src, "index_share_ws.cu", "sm_90a", [*plain.options, "-DIS_TRACE=1"],
                        _common.headers(), cubin=False)

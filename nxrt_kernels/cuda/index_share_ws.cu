@@ -59,10 +59,10 @@
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
 // IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER,
-// IS_XSPLIT (off: the split last P V, see there), and IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer and %clock64
-// stamps at the phase boundaries, 16 of each per CTA, into the buffer passed as part_o,
-// which the cluster build does not otherwise use (none when it is null); the shipped builds
-// compile it out).
+// IS_XSPLIT (off: the split last P V, see there), and IS_TRACE (tools/trace_index_share.py
+// only, IS_CLUSTER builds: %globaltimer and %clock64 stamps at the phase boundaries, 16 of
+// each per CTA, into the buffer passed as part_o, which the cluster build does not otherwise
+// use (none when it is null); the shipped builds compile it out).
 #include "index_share_mma.cuh"
 #include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
@@ -127,7 +127,10 @@
 #ifndef IS_XSPLIT
 #define IS_XSPLIT 0
 #endif
-#define WS_XSPLIT (IS_XSPLIT && IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
+#if IS_XSPLIT && !(IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
+#error "IS_XSPLIT is for the cluster build at IS_HD 128 and 128-key tiles"
+#endif
+#define WS_XSPLIT IS_XSPLIT
 
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
 
@@ -530,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const is_t* vp0 = v0 + base0 * HD + c * 8;
       const is_t* vp1 = v1 + base1 * HD + c * 8;
 #if WS_XSPLIT
-      const int cv = cl_rank == 0 ? c ^ 8 : c;  // V's chunk slot (see WS_XSPLIT)
+      const int cv = cl_rank == 0 ? c ^ 8 : c;  // V's 16-byte chunk c lands in the other block
 #else
       const int cv = c;
 #endif
@@ -840,13 +843,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // ---- The split merge with the partner CTA (rank = split; see the header). Each thread
     // owns float4 granules of O (J = 0 .. 8 HB - 1: rows g, g + 8 of its warp's slab, two
     // adjacent columns of block J); granules J / XH == keep are the half this CTA finishes
-    // (channels 64 rank .. + 63, in o[1] with WS_XSPLIT). The other half goes straight from
-    // registers to the partner's inbox by st.async (granule row k of thread ctid at byte
-    // 16 (256 k + ctid)), completing bytes on its exchange mbarrier (WS_XSPLIT: already
-    // sent with the last P V); the thread's (m0, m1, L0, L1) went ahead to inbox row XH (on
-    // bar_xml, before the last P V). The inbox is a region no loop uses, so each warp sends
-    // as soon as its own O is final, and the thread with the same ctid in the partner (the
-    // same rows and columns) finishes from its registers and the inbox.
+    // (channels HD / 2 rank .. + HD / 2 - 1; in o[1] with WS_XSPLIT). The other half goes
+    // straight from registers to the partner's inbox by st.async (granule row k of thread
+    // ctid at byte 16 (256 k + ctid)), completing bytes on its exchange mbarrier (WS_XSPLIT:
+    // already sent with the last P V); the thread's (m0, m1, L0, L1) went ahead to inbox row
+    // XH (on bar_xml, before the last P V). The inbox is a region no loop uses, so each warp
+    // sends as soon as its own O is final, and the thread with the same ctid in the partner
+    // (the same rows and columns) finishes from its registers and the inbox.
     if (active) {
       if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), XH * 16u * (unsigned)nsrc);
       if (!sent) {
