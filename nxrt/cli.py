@@ -218,7 +218,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
               file=sys.stderr)
         for vid, lines in sorted(advice.items()):
             print(f"  {vid}:", *lines, sep="\n    ", file=sys.stderr)
-    return 1 if errors else 0
+    return 1 if errors or (advice and args.strict) else 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -242,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("warm", help="compile every registered kernel into the cache (no GPU needed)")
     w.add_argument("--arch", action="append", default=[], help="target such as sm_90 (repeatable)")
     w.add_argument("--jobs", type=int, default=0, help="parallel compiles (default: CPU count)")
+    w.add_argument("--strict", action="store_true",
+                   help="exit 1 when ptxas reports a performance loss in any variant (GPU CI)")
     w.set_defaults(func=cmd_warm)
     m = sub.add_parser("demo", help="a decode loop through the executor: eager, capture, replay "
                                      "(without a GPU: compile every kernel, run the CPU references)")

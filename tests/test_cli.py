@@ -96,6 +96,9 @@ def test_warm_reports_ptxas_performance_advisories(tmp_path, monkeypatch, capsys
     assert main(["warm", "--arch", "sm_80", "--jobs", "1"]) == 0
     err = capsys.readouterr().err
     assert "performance loss in 1 variant(s)" in err and vid in err and line in err
+    assert main(["warm", "--arch", "sm_80", "--jobs", "1", "--strict"]) == 1
+    monkeypatch.setattr(cli, "_variants", lambda: [])
+    assert main(["warm", "--arch", "sm_80", "--strict"]) == 0
 
 
 def test_warm_rejects_a_bad_arch():

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # GPU CI entry point: tools/gpu_check.sh OUTDIR
 #
-# Runs the GPU tests (pytest -m gpu, junit XML + log), then the benchmarks, and writes
-# everything flat into OUTDIR: doctor.txt, pytest-gpu.log, junit-gpu.xml, bench.json,
-# bench.md, bench.png. Prints a short table last. Exit status: pytest's, else bench's.
+# Compiles every kernel variant (`nxrt warm --strict`), runs the GPU tests (pytest -m gpu,
+# junit XML + log), then the benchmarks, and writes everything flat into OUTDIR:
+# doctor.txt, warm.log, pytest-gpu.log, junit-gpu.xml, bench.json, bench.md, bench.png.
+# Prints a short table last. Exit status: pytest's, else warm's, else bench's.
 #
 # Environment:
 #   NXRT_GPU_TESTS  extra pytest arguments (e.g. "tests/test_runtime_gpu.py -x")
@@ -23,6 +24,13 @@ export NXRT_CACHE_DIR
 # The optional compiled launch path (pip install builds it; a bare checkout needs this).
 python3 tools/build_ext.py 2>&1 | tail -n 1
 python3 -m nxrt.cli doctor 2>&1 | tee "$OUT/doctor.txt"
+# Every kernel variant for this GPU, compiled with this machine's NVRTC (the tests then load
+# them from the cache). --strict: a variant whose compile drew a ptxas performance advisory
+# (e.g. C7511, serialised wgmmas; these depend on the NVRTC version) fails the check.
+python3 -m nxrt.cli warm --strict 2> "$OUT/warm.log"
+warm_rc=$?
+tail -n 1 "$OUT/warm.log" | tr '\r' '\n' | tail -n 1
+grep -A 200 "performance loss" "$OUT/warm.log"
 
 # shellcheck disable=SC2086
 python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/junit-gpu.xml" \
@@ -54,6 +62,7 @@ passed = tot["tests"] - tot["failures"] - tot["errors"] - tot["skipped"]
 print(f"| tests | passed | failed | errors | skipped |\n|---:|---:|---:|---:|---:|\n"
       f"| {tot['tests']} | {passed} | {tot['failures']} | {tot['errors']} | {tot['skipped']} |")
 PY
-echo "pytest exit: $test_rc, bench exit: $bench_rc"
+echo "warm exit: $warm_rc, pytest exit: $test_rc, bench exit: $bench_rc"
 [ "$test_rc" -ne 0 ] && exit "$test_rc"
+[ "$warm_rc" -ne 0 ] && exit "$warm_rc"
 exit "$bench_rc"
