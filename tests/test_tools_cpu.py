@@ -146,9 +146,9 @@ def test_trace_build_compiles() -> None:
     plain = next(d["_v"] for d in ws if not d.get("IS_CLUSTER") and not d.get("IS_Q2"))
     src = _common.source("index_share_ws.cu")
     assert len(clusters) == 2
-    # (IS_XSPLIT: the kernel's split last P V, off in the shipped builds, A/B'd by this tool;
-    # the 128-key-tile cluster build only.)
-    for v, extra in [*((v, []) for v in clusters), (cluster, ["-DIS_XSPLIT=1"])]:
+    # (IS_XSPLIT: the kernel's split last P V, on in the shipped 128-key-tile cluster build;
+    # this tool A/Bs it against -DIS_XSPLIT=0.)
+    for v, extra in [*((v, []) for v in clusters), (cluster, ["-DIS_XSPLIT=0"])]:
         c = compile_source(src, "index_share_ws.cu", "sm_90a", [*v.options, "-DIS_TRACE=1", *extra],
                            _common.headers())
         ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
@@ -156,7 +156,7 @@ def test_trace_build_compiles() -> None:
         assert ptx.count("%clock64") == ptx.count("%globaltimer")  # a cycle count per stamp
         # A trace of a build whose wgmmas ptxas serialised (C7511) would time another kernel.
         assert not compiler.performance_loss(c.log), c.log
-    split = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, "-DIS_XSPLIT=1"],
+    split = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, "-DIS_XSPLIT=0"],
                            _common.headers())
     assert not compiler.performance_loss(split.log), split.log
     shipped = compile_source(src, "index_share_ws.cu", "sm_90a", list(cluster.options),

@@ -59,7 +59,7 @@
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
 // IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER,
-// IS_XSPLIT (off: the split last P V, see there), and IS_TRACE (tools/trace_index_share.py
+// IS_XSPLIT (the split last P V, see there), and IS_TRACE (tools/trace_index_share.py
 // only, IS_CLUSTER builds: %globaltimer and %clock64 stamps at the phase boundaries, 16 of
 // each per CTA, into the buffer passed as part_o, which the cluster build does not otherwise
 // use (none when it is null); the shipped builds compile it out).
@@ -118,14 +118,14 @@
 #endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
-// IS_XSPLIT (off; NOTES IndexShare round 15: -0.1 to -0.3 us per decode call on the H200,
-// bitwise equal, not yet through the whole GPU suite): the cluster build at HD 128 and
-// 128-key tiles sends its partner's half of O while the last P V's other half runs. For
-// that, V's two 64-channel blocks sit swapped in rank 0's slots (the producer's fill), so
-// o[0] is the partner's half in both ranks and o[1] their own (the same code in both:
-// per-rank branches there cost ptxas registers it could not spare, C7511/C7519).
+// IS_XSPLIT (on by default where it applies; NOTES IndexShare rounds 15-16: -0.1 to -0.3 us
+// per decode call on the H200, bitwise equal; -DIS_XSPLIT=0 turns it off): the cluster build
+// at HD 128 and 128-key tiles sends its partner's half of O while the last P V's other half
+// runs. For that, V's two 64-channel blocks sit swapped in rank 0's slots (the producer's
+// fill), so o[0] is the partner's half in both ranks and o[1] their own (the same code in
+// both: per-rank branches there cost ptxas registers it could not spare, C7511/C7519).
 #ifndef IS_XSPLIT
-#define IS_XSPLIT 0
+#define IS_XSPLIT (IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
 #endif
 #if IS_XSPLIT && !(IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
 #error "IS_XSPLIT is for the cluster build at IS_HD 128 and 128-key tiles"
