@@ -118,8 +118,8 @@
 #endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
-// IS_XSPLIT (on by default where it applies; NOTES IndexShare rounds 15-16: -0.1 to -0.3 us
-// per decode call on the H200, bitwise equal; -DIS_XSPLIT=0 turns it off): the cluster build
+// IS_XSPLIT (on by default where it applies; NOTES IndexShare rounds 15-16: -0.2 to -0.5 us
+// per N128 decode call on the H200, bitwise equal; -DIS_XSPLIT=0 turns it off): the cluster build
 // at HD 128 and 128-key tiles sends its partner's half of O while the last P V's other half
 // runs. For that, V's two 64-channel blocks sit swapped in rank 0's slots (the producer's
 // fill), so o[0] is the partner's half in both ranks and o[1] their own (the same code in
@@ -714,6 +714,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // The granule block this CTA finishes (J / XH == keep): its own rank's, but o[1] in
     // both ranks with WS_XSPLIT.
     const int keep = WS_XSPLIT ? 1 : cl_rank;
+    // The other half's granules (J / XH != keep) straight from registers into the partner's
+    // inbox (granule row k of thread ctid at byte 16 (256 k + ctid)), completing bytes on its
+    // exchange mbarrier. (Unrolled over every granule, so the register indices are constants.)
+    auto send_granules = [&]() {
+      const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
+      const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
+#pragma unroll
+      for (int J = 0; J < 8 * HB; ++J) {
+        const float* v = &o[J >> 3][4 * (J & 7)];
+        if (J / XH != keep) ws_st_async4(rx + 4096u * (J % XH), v[0], v[1], v[2], v[3], rbar);
+      }
+    };
 #endif
     if (!active) {
       // Idle (the item has at most 64 heads): only the waits and releases of the loop.
@@ -816,14 +828,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         wg_commit();
         wg_wait1();
         fence_regs(o[0]);
-        {
-          const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
-          const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
-#pragma unroll
-          for (int j = 0; j < 8; ++j)
-            ws_st_async4(rx + 4096u * j, o[0][4 * j], o[0][4 * j + 1], o[0][4 * j + 2],
-                         o[0][4 * j + 3], rbar);
-        }
+        send_granules();  // keep = 1: exactly o[0], final here (o[1] is still accumulating)
         sent = true;
 #else
         issue_pv(st);
@@ -852,16 +857,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // (the same rows and columns) finishes from its registers and the inbox.
     if (active) {
       if (ctid == 0) ws_mbar_expect_tx(bar_xch(bars), XH * 16u * (unsigned)nsrc);
-      if (!sent) {
-        const unsigned rx = nxrt::cluster_mapa(sbase + (unsigned)xin_off + 16u * ctid, peer);
-        const unsigned rbar = nxrt::cluster_mapa(bar_xch(bars), peer);
-        // (Unrolled over every granule, so the register indices are constants.)
-#pragma unroll
-        for (int J = 0; J < 8 * HB; ++J) {
-          const float* v = &o[J >> 3][4 * (J & 7)];
-          if (J / XH != keep) ws_st_async4(rx + 4096u * (J % XH), v[0], v[1], v[2], v[3], rbar);
-        }
-      }
+      if (!sent) send_granules();
       const float4* xi = reinterpret_cast<const float4*>(smem + xin_off) + ctid;
       // The partner's (m, L) landed: the weights. Then its granules (below). (A CTA leaves
       // only after both waits, so no CTA exits while its partner still writes into it; the
