@@ -132,8 +132,8 @@ def test_trace_index_share_cps_hook() -> None:
 
 def test_trace_build_compiles() -> None:
     """The IS_TRACE builds the tool asks for compile (cluster builds, sm_90a) with their
-    wgmmas kept asynchronous and stamp %globaltimer and %clock64; the shipped build has
-    neither; the non-cluster build refuses IS_TRACE (its part_o holds the split partials)."""
+    wgmmas kept asynchronous and stamp %globaltimer and %clock64 (and %smid once); the shipped
+    build has none of them; the non-cluster build refuses IS_TRACE (its part_o holds the split partials)."""
     from nxrt import compiler
     from nxrt.compiler import CompileError, compile_source
     from nxrt_kernels import _common, index_share
@@ -154,6 +154,7 @@ def test_trace_build_compiles() -> None:
         ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
         assert ptx.count("%globaltimer") >= 8
         assert ptx.count("%clock64") == ptx.count("%globaltimer")  # a cycle count per stamp
+        assert ptx.count("%smid") == 1  # the CTA's SM, in one stamp's cycle word
         # A trace of a build whose wgmmas ptxas serialised (C7511) would time another kernel.
         assert not compiler.performance_loss(c.log), c.log
     split = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, "-DIS_XSPLIT=0"],
@@ -363,6 +364,47 @@ def test_trace_sm_clock() -> None:
     got = _sm_clock([t], [c], np)
     assert got == {"sm_clock_mhz_median": 1840, "sm_clock_mhz_min": 1700, "sm_clock_mhz_max": 1980}
     assert _sm_clock([t[2:]], [c[2:]], np)["sm_clock_mhz_median"] is None
+
+
+def test_trace_smid_and_latest_sms() -> None:
+    """_split_smid takes the SM id out of stamp SMID_STAMP's cycle word (its top 8 bits) and
+    leaves the cycle count; _late_sms counts the SMs of each replay's latest CTAs and lists the SMs no
+    CTA ran on."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from trace_index_share import PHASES, SMID_SHIFT, SMID_STAMP, _late_sms, _sm_clock, _split_smid
+
+    n = len(PHASES)
+    words = np.zeros((3, n), dtype=np.int64)
+    for cta, (sm, cyc) in enumerate([(0, 123), (131, 5 << 40), (7, 1)]):
+        words[cta, SMID_STAMP] = np.uint64((sm << SMID_SHIFT) | cyc).astype(np.int64)
+        words[cta, 3] = cyc + 1000
+    cyc, sm = _split_smid(words)
+    assert sm.tolist() == [0, 131, 7]
+    assert cyc[:, SMID_STAMP].tolist() == [123, 5 << 40, 1]
+    assert cyc[:, 3].tolist() == words[:, 3].tolist()
+    assert words[1, SMID_STAMP] < 0  # the input keeps its packed word (a copy was split)
+    none = np.zeros((1, n), dtype=np.int64)
+    assert _split_smid(none)[1].tolist() == [-1]  # a CTA that never stamped
+    # The cycle counts stay usable by _sm_clock once split.
+    t = np.zeros((1, n), dtype=np.int64)
+    t[0, [SMID_STAMP, 3]] = [1_000_000, 1_020_000]
+    c = np.zeros((1, n), dtype=np.int64)
+    c[0, SMID_STAMP] = np.uint64((9 << SMID_SHIFT) | 500).astype(np.int64)
+    c[0, 3] = 500 + 36_000
+    assert _sm_clock([t], [_split_smid(c)[0]], np)["sm_clock_mhz_median"] == 1800
+
+    stamps, smids = [], []
+    for r in range(3):
+        a = np.zeros((5, n), dtype=np.int64)
+        a[:, 0] = 1_000
+        a[:, 11] = [5_000, 9_000 + r, 6_000, 8_000, 7_000]  # CTA 1 last, then 3, then 4
+        stamps.append(a)
+        smids.append(np.array([0, 2, 3, 5 if r < 2 else 6, 1]))
+    got = _late_sms(stamps, smids, np, n=2)
+    assert got["latest_sms"] == [[2, 3], [5, 2], [6, 1]]
+    assert got["idle_sms"] == [4]
 
 
 def test_bench_spread(tmp_path: Path) -> None:

@@ -20,8 +20,11 @@ each variant of the warp-specialised cluster build (``cuda/index_share_ws.cu``):
   ``timer step``): a phase boundary is known to a step in one CTA, so differences of a
   fraction of a step show only in the medians over many CTAs and replays, and a single
   median moves in steps. Each stamp also reads ``%clock64``, so a trace prints the SM clock
-  every CTA ran at (cycles over ns between its first and last stamp); ``--trace-warm-ms``
-  replays the graphs back to back first, as the bench warms up before its timed samples;
+  every CTA ran at (cycles over ns between its first and last stamp), and one stamp
+  carries the CTA's SM (``%smid``), so a trace prints which SMs held the latest CTAs (and
+  how often over the replays) and which SMs ran none; ``--dump FILE`` writes every CTA's
+  raw stamps for a closer look; ``--trace-warm-ms`` replays the graphs back to back first,
+  as the bench warms up before its timed samples;
 - with ``--state-ms N``, each timed variant's calls also run back to back for N ms while
   nvidia-smi samples the SM clock, power draw and throttle reasons (``bench.py``'s sustained
   state): whether a variant runs into the board's power cap.
@@ -252,6 +255,38 @@ def _sm_clock(stamps: Any, clocks: Any, np: Any, step_ns: int | None = None) -> 
                 sm_clock_mhz_min=round(min(mhz)), sm_clock_mhz_max=round(max(mhz)))
 
 
+#: Stamp SMID_STAMP's %clock64 word carries the CTA's SM id in its top 8 bits (the kernel's
+#: WS_TRACE: the producer's "index landed" stamp, which every CTA of the cluster build makes).
+SMID_STAMP, SMID_SHIFT = 1, 56
+
+
+def _split_smid(clocks: Any) -> tuple[Any, Any]:
+    """[cta, 16] %clock64 words -> (the cycle counts, each CTA's SM id): stamp SMID_STAMP's word
+    keeps its low 56 bits and gives the SM from its top 8; a CTA without that stamp gets -1."""
+    c = clocks.copy()
+    k = SMID_STAMP
+    smid = (c[:, k].view("uint64") >> SMID_SHIFT).astype("int64")
+    c[:, k] = c[:, k] & ((1 << SMID_SHIFT) - 1)
+    smid[clocks[:, k] == 0] = -1
+    return c, smid
+
+
+def _late_sms(stamps: Any, smids: Any, np: Any, n: int = 4) -> dict[str, Any]:
+    """Per replay, the SMs of the ``n`` CTAs whose last stamp came latest; how often each
+    SM was among them over the replays (most often first), and the SMs no CTA ran on."""
+    counts: dict[int, int] = {}
+    used: set[int] = set()
+    for a, sm in zip(stamps, smids):
+        end = np.where(a > 0, a, 0).max(axis=1)
+        for i in np.argsort(-end, kind="stable")[:n]:
+            counts[int(sm[i])] = counts.get(int(sm[i]), 0) + 1
+        used.update(int(x) for x in sm if x >= 0)
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    n_sm = max(used) + 1 if used else 0
+    return dict(latest_sms=[[sm, k] for sm, k in top],
+                idle_sms=[i for i in range(n_sm) if i not in used])
+
+
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import bench_index_share as B
     import numpy as np
@@ -266,6 +301,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     ctx = BenchContext(rt, state_ms=args.state_ms)
     specs = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]
     results: list[dict[str, Any]] = []
+    dumps: dict[str, dict[str, Any]] = {}
 
     def case_name(c: dict[str, Any]) -> str:
         return f"n{c['n']}c{c['cache'] // 1024}k"
@@ -301,7 +337,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                                        kt=plan.knobs.get("kt"), merge=plan.merge)
             if spec.trace:
                 grid = plan.grid
-                stamps, clocks, gaps = [], [], []
+                stamps, clocks, smids, gaps = [], [], [], []
                 if args.trace_warm_ms > 0:  # the bench's state before its timed samples
                     ctx.keep_busy(replay_all, rt.synchronize,
                                    args.trace_warm_ms)
@@ -318,12 +354,18 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     full, full2 = (x.view(-1, 2 * STAMPS)[:grid].cpu().numpy() for x in bufs)
                     a, b2 = full[:, :STAMPS], full2[:, :STAMPS]
                     stamps.append(a)
-                    clocks.append(full[:, STAMPS:])
+                    cyc, sm = _split_smid(full[:, STAMPS:])
+                    clocks.append(cyc)
+                    smids.append(sm)
                     end_a = np.where(a[:, 10:12] > 0, a[:, 10:12], 0).max()
                     gaps.append((b2[:, 0].min() - end_a) / 1e3)
                 st = _stats(stamps, np)
                 out.update(st, back_to_back_gap_us=round(float(np.median(gaps)), 3),
-                           **_sm_clock(stamps, clocks, np, st["timer_step_ns"]))
+                           **_sm_clock(stamps, clocks, np, st["timer_step_ns"]),
+                           **_late_sms(stamps, smids, np))
+                if args.dump:
+                    dumps[f"{case_name(c)}_{spec.name}"] = dict(
+                        stamps=np.stack(stamps), clocks=np.stack(clocks), smid=np.stack(smids))
                 line = " ".join(f"{k}={v:.2f}" for k, v in out["median"].items())
                 print(f"{spec.name:20s} median: {line}")
                 line = " ".join(f"{k}={v:.2f}" for k, v in out["last"].items())
@@ -341,6 +383,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 print(f"{spec.name:20s} SM clock over each CTA's stamps: median "
                       f"{out['sm_clock_mhz_median']} MHz, min {out['sm_clock_mhz_min']}, "
                       f"max {out['sm_clock_mhz_max']}", flush=True)
+                late = " ".join(f"{sm}:{k}" for sm, k in out["latest_sms"][:8])
+                print(f"{spec.name:20s} SMs of the 4 latest CTAs (SM:replays of "
+                      f"{len(stamps)}): {late}; idle SMs {out['idle_sms']}", flush=True)
                 return out, first
             ms = ctx.time_ours(replay_all) / len(graphs)
             rt.latch.check()
@@ -383,6 +428,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 results.append(out)
         del sets
         torch.cuda.empty_cache()
+    if args.dump:
+        np.savez_compressed(args.dump, **{f"{k}__{f}": v for k, d in dumps.items()
+                                           for f, v in d.items()})
     return results
 
 
@@ -405,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="before a traced variant's replays, replay its graphs back to back "
                          "this long (the bench's warm-up is 25 ms; default 0)")
     ap.add_argument("--json", type=Path, help="write every number here")
+    ap.add_argument("--dump", type=Path,
+                    help="write every traced CTA's raw stamps here (.npz: per case and variant, "
+                         "<case>_<variant>__stamps / __clocks [replay, cta, 16] and __smid "
+                         "[replay, cta])")
     args = ap.parse_args(argv)
     for v in args.variant or DEFAULT_VARIANTS:  # fail early on a bad spec
         parse_variant(v)

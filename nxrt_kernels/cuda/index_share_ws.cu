@@ -98,23 +98,34 @@
 // half landed, 10 + w rows stored, 12 + w combined, 14 + w staged for the stores (w: the
 // consumer warpgroup; stamped by thread 0 of the producer or of warpgroup w). CTA c's
 // stamps are part_o's u64 words 32 c + k (%globaltimer, ns) and 32 c + 16 + k (%clock64, the
-// SM's cycle counter: with the first, the SM clock the CTA ran at).
+// SM's cycle counter: with the first, the SM clock the CTA ran at). Stamp 1 (WS_TRACE_SM)
+// also keeps only 56 bits of its cycle count and carries the CTA's SM (%smid) in the top 8
+// (read at stamp 0, the XSPLIT trace build lost its wgmma pipelining to C7511 under NVRTC
+// 13.5).
 #if IS_TRACE
-#define WS_TRACE(k)                                                              \
+#define WS_TRACE_(k, sm)                                                         \
   do {                                                                           \
     unsigned long long t_, c_;                                                   \
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t_));                     \
     asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c_));                         \
+    if (sm) {                                                                    \
+      unsigned sm_;                                                              \
+      asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm_));                         \
+      c_ = (c_ & ((1ull << 56) - 1)) | ((unsigned long long)(sm_ & 0xFF) << 56); \
+    }                                                                            \
     if (part_o) {                                                                \
       unsigned long long* w_ = reinterpret_cast<unsigned long long*>(part_o) + 32 * blockIdx.x; \
       w_[k] = t_;                                                                \
       w_[16 + (k)] = c_;                                                         \
     }                                                                            \
   } while (0)
+#define WS_TRACE(k) WS_TRACE_(k, false)
+#define WS_TRACE_SM(k) WS_TRACE_(k, true)
 #else
 #define WS_TRACE(k) \
   do {              \
   } while (0)
+#define WS_TRACE_SM(k) WS_TRACE(k)
 #endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
@@ -437,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // 1. Keys: this item's raw columns landed for every producer thread, and the
       // consumers are done with the key slot's previous item (n - 2).
       is_cp_async_wait(0);
-      if (p == 0) WS_TRACE(1);
+      if (p == 0) WS_TRACE_SM(1);  // with the CTA's SM
 #if IS_CLUSTER
       // The CTA's one item: its index columns had the memory system to themselves (with Q
       // beside them they landed ~0.6 us later, H200 trace). A Q larger than a K tile (128
