@@ -402,9 +402,9 @@ def test_trace_smid_and_latest_sms() -> None:
         a[:, 11] = [5_000, 9_000 + r, 6_000, 8_000, 7_000]  # CTA 1 last, then 3, then 4
         stamps.append(a)
         smids.append(np.array([0, 2, 3, 5 if r < 2 else 6, 1]))
-    got = _late_sms(stamps, smids, np, n=2)
+    got = _late_sms(stamps, smids, np, 8, n=2)
     assert got["latest_sms"] == [[2, 3], [5, 2], [6, 1]]
-    assert got["idle_sms"] == [4]
+    assert got["idle_sms"] == [4, 7]  # 7: above every SM a CTA ran on
 
 
 def test_bench_spread(tmp_path: Path) -> None:

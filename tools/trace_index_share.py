@@ -271,9 +271,10 @@ def _split_smid(clocks: Any) -> tuple[Any, Any]:
     return c, smid
 
 
-def _late_sms(stamps: Any, smids: Any, np: Any, n: int = 4) -> dict[str, Any]:
+def _late_sms(stamps: Any, smids: Any, np: Any, sm_count: int, n: int = 4) -> dict[str, Any]:
     """Per replay, the SMs of the ``n`` CTAs whose last stamp came latest; how often each
-    SM was among them over the replays (most often first), and the SMs no CTA ran on."""
+    SM was among them over the replays (most often first), and the SMs (of ``sm_count``)
+    no CTA ran on."""
     counts: dict[int, int] = {}
     used: set[int] = set()
     for a, sm in zip(stamps, smids):
@@ -282,9 +283,8 @@ def _late_sms(stamps: Any, smids: Any, np: Any, n: int = 4) -> dict[str, Any]:
             counts[int(sm[i])] = counts.get(int(sm[i]), 0) + 1
         used.update(int(x) for x in sm if x >= 0)
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    n_sm = max(used) + 1 if used else 0
     return dict(latest_sms=[[sm, k] for sm, k in top],
-                idle_sms=[i for i in range(n_sm) if i not in used])
+                idle_sms=[i for i in range(sm_count) if i not in used])
 
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -362,7 +362,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 st = _stats(stamps, np)
                 out.update(st, back_to_back_gap_us=round(float(np.median(gaps)), 3),
                            **_sm_clock(stamps, clocks, np, st["timer_step_ns"]),
-                           **_late_sms(stamps, smids, np))
+                           **_late_sms(stamps, smids, np, rt.capabilities.sm_count))
                 if args.dump:
                     dumps[f"{case_name(c)}_{spec.name}"] = dict(
                         stamps=np.stack(stamps), clocks=np.stack(clocks), smid=np.stack(smids))

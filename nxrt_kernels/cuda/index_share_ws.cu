@@ -100,8 +100,8 @@
 // stamps are part_o's u64 words 32 c + k (%globaltimer, ns) and 32 c + 16 + k (%clock64, the
 // SM's cycle counter: with the first, the SM clock the CTA ran at). Stamp 1 (WS_TRACE_SM)
 // also keeps only 56 bits of its cycle count and carries the CTA's SM (%smid) in the top 8
-// (read at stamp 0, the XSPLIT trace build lost its wgmma pipelining to C7511 under NVRTC
-// 13.5).
+// (read at stamp 0 instead, it cost the XSPLIT trace build its wgmma pipelining: C7511 under
+// NVRTC 13.5).
 #if IS_TRACE
 #define WS_TRACE_(k, sm)                                                         \
   do {                                                                           \
