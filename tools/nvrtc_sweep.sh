@@ -31,9 +31,9 @@ for v in "$@"; do
     python3 -m pip download -q --no-deps -d "$dir/wheel" "nvidia-cuda-nvrtc==$v" &&
       python3 -m zipfile -e "$dir"/wheel/*.whl "$dir" || { echo "| $v | download failed |" >> "$OUT/sweep.md"; rc=1; continue; }
   fi
-  lib=$(dirname "$(find "$dir/nvidia" -name 'libnvrtc.so.*' ! -name '*alt*' | head -n 1)")
+  lib=$(find "$dir/nvidia" -name 'libnvrtc.so.*' ! -name '*alt*' | head -n 1)
   echo "== NVRTC $v ($lib)"
-  NXRT_CACHE_DIR="$dir/cache" LD_PRELOAD="$lib/libnvrtc.so.13" LD_LIBRARY_PATH="$lib" \
+  NXRT_CACHE_DIR="$dir/cache" LD_PRELOAD="$lib" LD_LIBRARY_PATH="$(dirname "$lib")" \
     python3 -c "
 import sys
 from nxrt import compiler

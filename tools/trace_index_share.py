@@ -339,8 +339,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 grid = plan.grid
                 stamps, clocks, smids, gaps = [], [], [], []
                 if args.trace_warm_ms > 0:  # the bench's state before its timed samples
-                    ctx.keep_busy(replay_all, rt.synchronize,
-                                   args.trace_warm_ms)
+                    ctx.keep_busy(replay_all, rt.synchronize, args.trace_warm_ms)
                 for rep in range(args.replays + 2):
                     for b in bufs:
                         b.zero_()
