@@ -446,6 +446,74 @@ def test_bench_spread(tmp_path: Path) -> None:
     assert r.returncode == 2 and "not a bench.py result" in r.stderr
 
 
+def test_bench_spread_groups(tmp_path: Path) -> None:
+    """--group / --by-gpu: one column per group (median ratio, min-max, runs at the target)
+    and one over every run; rows missing from any run of any group are left out; files
+    without gpu_uuid are refused by --by-gpu; --group refuses a second name or loose files."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_spread import by_group, markdown_groups
+
+    def run(uuid: str | None, ratios: list[float], extra: bool = False) -> dict:
+        rows = [{"bench": "b", "case": f"c{i}", "metric": "1/ms", "ours": 10 * r,
+                 "peer_value": 10.0, "ratio": r} for i, r in enumerate(ratios)]
+        if extra:
+            rows.append(dict(rows[0], case="only-here"))
+        return {"commit": "x", "gpu_uuid": uuid, "rows": rows}
+
+    g = {"A": [run("GPU-a", [10.2, 9.0]), run("GPU-a", [10.4, 9.2], extra=True)],
+         "B": [run("GPU-b", [9.7, 9.4]), run("GPU-b", [9.9, 9.6]), run("GPU-b", [10.1, 9.8])]}
+    names, rows = by_group(g, target=10.0)
+    assert names == ["A", "B"] and [r["case"] for r in rows] == ["c0", "c1"]
+    c0 = rows[0]
+    assert c0["by"]["A"]["ratio"]["median"] == pytest.approx(10.3) and c0["by"]["A"]["met"] == 2
+    assert c0["by"]["B"]["ratio"] == {"median": 9.9, "min": 9.7, "max": 10.1}
+    assert c0["by"]["B"]["met"] == 1 and c0["all"]["met"] == 3 and c0["all"]["runs"] == 5
+    assert c0["all"]["ratio"]["median"] == 10.1
+    md = markdown_groups(names, rows, 10.0)
+    assert "runs: A 2, B 3" in md
+    assert "| b | c0 | 1/ms | 10.3 (10.2-10.4, 2/2) | 9.9 (9.7-10.1, 1/3) | 10.1 (9.7-10.4, 3/5) |" in md
+    with pytest.raises(ValueError, match="at least one run"):
+        by_group({"A": []})
+
+    files = {}
+    for name, runs in g.items():
+        for i, r in enumerate(runs):
+            f = tmp_path / f"{name}{i}.json"
+            f.write_text(json.dumps(r))
+            files.setdefault(name, []).append(str(f))
+    tool = [sys.executable, str(ROOT / "tools" / "bench_spread.py")]
+    r = subprocess.run([*tool, "--target", "10", "--group", "A", *files["A"], "--group", "B",
+                        *files["B"]], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| 10.3 (10.2-10.4, 2/2) | 9.9 (9.7-10.1, 1/3) |" in r.stdout
+    r = subprocess.run([*tool, "--by-gpu", *files["A"], *files["B"]],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| b | c1 | 1/ms | 9.1 (9-9.2) | 9.6 (9.4-9.8) | 9.4 (9-9.8) |" in r.stdout
+    assert "| GPU-a | GPU-b | all |" in r.stdout
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(run(None, [10.0, 10.0])))
+    bad_calls = [(["--by-gpu", *files["A"], str(old)], "no gpu_uuid"),
+                 (["--group", "A", *files["A"], "--group", "A", *files["B"]], "named twice"),
+                 ([files["B"][0], "--group", "A", *files["A"]], "--group takes its files"),
+                 (["--group", "A"], "a name and at least one file"),
+                 ([], "no result files")]
+    for args, msg in bad_calls:
+        r = subprocess.run([*tool, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
+
+
+def test_bench_markdown_names_the_board() -> None:
+    """bench.py's table names the board when the result has its UUID (older results do not)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import bench
+
+    res = {"gpu": "G", "date": "d", "commit": "c", "ceilings": {"copy_GBps": 1.0}, "rows": []}
+    assert "board" not in bench.markdown(res)
+    assert "commit `c`; board `GPU-1`; ceilings: copy_GBps = 1.0" in bench.markdown(
+        dict(res, gpu_uuid="GPU-1"))
+
+
 @pytest.mark.parametrize("opt, value", [("--trace-warm-ms", "-1"), ("--state-ms", "inf")])
 def test_trace_refuses_bad_ms(opt: str, value: str) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "trace_index_share.py"), opt, value],

@@ -361,7 +361,9 @@ def _git_commit() -> str:
 
 def markdown(result: dict) -> str:
     lines = [f"# nxrt benchmarks — {result['gpu']} — {result['date']}", "",
-             f"commit `{result['commit']}`; ceilings: " +
+             f"commit `{result['commit']}`; "
+             + (f"board `{result['gpu_uuid']}`; " if result.get("gpu_uuid") else "")
+             + "ceilings: " +
              ", ".join(f"{k} = {v}" for k, v in result["ceilings"].items()), "",
              "| bench | case | metric | ours | peer | peer value | ratio | of ceiling |",
              "|---|---|---|---:|---|---:|---:|---:|"]
@@ -476,8 +478,12 @@ def main(argv: list[str] | None = None) -> int:
             rows += got
             ctx.log(f"{w}: {len(got)} rows in {time.perf_counter() - t0:.1f} s")
         gpu = rt.capabilities.name
+        # Which board: the same kernel's ratios move 1-4 % between H200s (NOTES, IndexShare
+        # rounds 16-18); tools/bench_spread.py --by-gpu groups runs by this.
+        gpu_uuid = ctx._gpu_id()
     date = _dt.date.today().isoformat()
-    result = {"commit": _git_commit(), "gpu": gpu, "date": date, "ceilings": ctx.ceilings, "rows": rows}
+    result = {"commit": _git_commit(), "gpu": gpu, "gpu_uuid": gpu_uuid, "date": date,
+              "ceilings": ctx.ceilings, "rows": rows}
     base = args.name or f"{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-')}-{date}"
     (out / f"{base}.json").write_text(json.dumps(result, indent=1) + "\n")
     md = markdown(result)
