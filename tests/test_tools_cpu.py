@@ -503,6 +503,26 @@ def test_bench_spread_groups(tmp_path: Path) -> None:
         assert r.returncode == 2 and msg in r.stderr, (args, r.stderr)
 
 
+def test_trace_dump_npz_and_json(tmp_path: Path) -> None:
+    """--dump writes the same integer arrays as .npz or, for a .json name, as nested lists."""
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from trace_index_share import write_dump
+
+    rng = np.random.default_rng(7)
+    arrays = {"n128c8k_a__stamps": rng.integers(0, 2**62, size=(3, 5, 16), dtype=np.int64),
+              "n128c8k_a__smid": rng.integers(0, 132, size=(3, 5), dtype=np.int64)}
+    write_dump(tmp_path / "t.npz", arrays)
+    with np.load(tmp_path / "t.npz") as z:
+        assert sorted(z.files) == sorted(arrays)
+        assert all(np.array_equal(z[k], v) for k, v in arrays.items())
+    write_dump(tmp_path / "t.JSON", arrays)
+    got = json.loads((tmp_path / "t.JSON").read_text())
+    assert sorted(got) == sorted(arrays)
+    assert all(np.array_equal(np.array(got[k], dtype=np.int64), v) for k, v in arrays.items())
+
+
 def test_bench_markdown_names_the_board() -> None:
     """bench.py's table names the board when the result has its UUID (older results do not)."""
     sys.path.insert(0, str(ROOT / "tools"))

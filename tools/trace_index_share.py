@@ -23,8 +23,9 @@ each variant of the warp-specialised cluster build (``cuda/index_share_ws.cu``):
   every CTA ran at (cycles over ns between its first and last stamp), and one stamp
   carries the CTA's SM (``%smid``), so a trace prints which SMs held the latest CTAs (and
   how often over the replays) and which SMs ran none; ``--dump FILE`` writes every CTA's
-  raw stamps for a closer look; ``--trace-warm-ms`` replays the graphs back to back first,
-  as the bench warms up before its timed samples;
+  raw stamps for a closer look (``.npz``, or JSON for a ``.json`` name);
+  ``--trace-warm-ms`` replays the graphs back to back first, as the bench warms up before
+  its timed samples;
 - with ``--state-ms N``, each timed variant's calls also run back to back for N ms while
   nvidia-smi samples the SM clock, power draw and throttle reasons (``bench.py``'s sustained
   state): whether a variant runs into the board's power cap.
@@ -428,9 +429,21 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         del sets
         torch.cuda.empty_cache()
     if args.dump:
-        np.savez_compressed(args.dump, **{f"{k}__{f}": v for k, d in dumps.items()
-                                           for f, v in d.items()})
+        write_dump(args.dump, {f"{k}__{f}": v for k, d in dumps.items() for f, v in d.items()})
     return results
+
+
+def write_dump(path: Path, arrays: dict[str, Any]) -> None:
+    """Write ``--dump``: integer arrays by name, as ``.npz`` or, for a ``.json`` path, as one
+    JSON object of nested lists. The JSON form is for readers on another numpy: an H200
+    machine's numpy 2.5 pads ``.npz`` array headers with NUL bytes, which numpy 2.4's
+    ``np.load`` refuses ("Cannot parse header")."""
+    import numpy as np
+
+    if path.suffix.lower() == ".json":
+        path.write_text(json.dumps({k: np.asarray(v).tolist() for k, v in arrays.items()}))
+    else:
+        np.savez_compressed(path, **arrays)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -453,9 +466,9 @@ def main(argv: list[str] | None = None) -> int:
                          "this long (the bench's warm-up is 25 ms; default 0)")
     ap.add_argument("--json", type=Path, help="write every number here")
     ap.add_argument("--dump", type=Path,
-                    help="write every traced CTA's raw stamps here (.npz: per case and variant, "
-                         "<case>_<variant>__stamps / __clocks [replay, cta, 16] and __smid "
-                         "[replay, cta])")
+                    help="write every traced CTA's raw stamps here (.npz, or JSON for a .json "
+                         "name: per case and variant, <case>_<variant>__stamps / __clocks "
+                         "[replay, cta, 16] and __smid [replay, cta])")
     args = ap.parse_args(argv)
     for v in args.variant or DEFAULT_VARIANTS:  # fail early on a bad spec
         parse_variant(v)
