@@ -165,9 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     if partial:
         print(f"bench_spread: {len(partial)} row(s) not in every run, left out: "
               + "; ".join(" / ".join(k) for k in sorted(partial)), file=sys.stderr)
-    md = markdown(entries, [str(r.get("commit", "?"))[:12] for r in results], args.target)
-    if grouped is not None:
-        md = markdown_groups(*grouped, args.target)
+    md = (markdown_groups(*grouped, args.target) if grouped is not None else
+          markdown(entries, [str(r.get("commit", "?"))[:12] for r in results], args.target))
     print(md)
     if args.md:
         args.md.write_text(md)
