@@ -300,7 +300,7 @@ def test_sustained_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     ctx = bench.BenchContext.__new__(bench.BenchContext)  # no device: the parts it uses
     calls = []
     ctx.warm_ms, ctx.state_ms = 25.0, 300.0
-    ctx._gpu_id = lambda: "GPU-x"
+    ctx.gpu_uuid = lambda: "GPU-x"
     t0 = time.perf_counter()
     st = ctx.sustained_state(lambda: calls.append(1), lambda: None)
     took = time.perf_counter() - t0
@@ -309,9 +309,9 @@ def test_sustained_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     # as a loaded machine stretched the run (the fake prints at most one line per 20 ms).
     assert 3 <= st["samples"] <= max(13, took / 0.02 + 2), (st["samples"], took)
     assert "--id=GPU-x" in (tmp_path / "args").read_text().split()
-    ctx._gpu_id = lambda: None
+    ctx.gpu_uuid = lambda: None
     assert ctx.sustained_state(lambda: None, lambda: None) is None
-    ctx._gpu_id, ctx.state_ms = (lambda: "GPU-x"), 0.0
+    ctx.gpu_uuid, ctx.state_ms = (lambda: "GPU-x"), 0.0
     assert ctx.sustained_state(lambda: None, lambda: None) is None
 
 

@@ -230,7 +230,7 @@ class BenchContext:
             sync()
             chunk = min(2 * chunk, 256)
 
-    def _gpu_id(self) -> str | None:
+    def gpu_uuid(self) -> str | None:
         """This device's UUID as nvidia-smi names it (GPU-xxxxxxxx-...), None if unknown."""
         try:
             u = check(driver.cuDeviceGetUuid(self.rt.device.handle), "cuDeviceGetUuid").bytes
@@ -248,7 +248,7 @@ class BenchContext:
         is sampled). None when ``state_ms`` is 0, nvidia-smi is missing or this device's
         UUID is unknown. Run it after a row's timed series: the sampler does not run beside
         the timing."""
-        gpu = self._gpu_id()
+        gpu = self.gpu_uuid()
         if self.state_ms <= 0 or gpu is None:
             return None
         sync = sync or self.rt.synchronize
@@ -480,9 +480,9 @@ def main(argv: list[str] | None = None) -> int:
         gpu = rt.capabilities.name
         # Which board: the same kernel's ratios move 1-4 % between H200s (NOTES, IndexShare
         # rounds 16-18); tools/bench_spread.py --by-gpu groups runs by this.
-        gpu_uuid = ctx._gpu_id()
+        board = ctx.gpu_uuid()
     date = _dt.date.today().isoformat()
-    result = {"commit": _git_commit(), "gpu": gpu, "gpu_uuid": gpu_uuid, "date": date,
+    result = {"commit": _git_commit(), "gpu": gpu, "gpu_uuid": board, "date": date,
               "ceilings": ctx.ceilings, "rows": rows}
     base = args.name or f"{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-')}-{date}"
     (out / f"{base}.json").write_text(json.dumps(result, indent=1) + "\n")

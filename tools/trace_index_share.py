@@ -55,6 +55,7 @@ import re
 import sys
 import warnings
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -276,12 +277,11 @@ def _late_sms(stamps: Any, smids: Any, np: Any, sm_count: int, n: int = 4) -> di
     """Per replay, the SMs of the ``n`` CTAs whose last stamp came latest; how often each
     SM was among them over the replays (most often first), and the SMs (of ``sm_count``)
     no CTA ran on."""
-    counts: dict[int, int] = {}
+    counts: Counter[int] = Counter()
     used: set[int] = set()
     for a, sm in zip(stamps, smids):
         end = np.where(a > 0, a, 0).max(axis=1)
-        for i in np.argsort(-end, kind="stable")[:n]:
-            counts[int(sm[i])] = counts.get(int(sm[i]), 0) + 1
+        counts.update(int(sm[i]) for i in np.argsort(-end, kind="stable")[:n])
         used.update(int(x) for x in sm if x >= 0)
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     return dict(latest_sms=[[sm, k] for sm, k in top],

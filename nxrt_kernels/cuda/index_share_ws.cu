@@ -141,7 +141,6 @@
 #if IS_XSPLIT && !(IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
 #error "IS_XSPLIT is for the cluster build at IS_HD 128 and 128-key tiles"
 #endif
-#define WS_XSPLIT IS_XSPLIT
 
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
 
@@ -543,7 +542,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       const is_t* kp1 = k1 + base1 * HD + c * 8;
       const is_t* vp0 = v0 + base0 * HD + c * 8;
       const is_t* vp1 = v1 + base1 * HD + c * 8;
-#if WS_XSPLIT
+#if IS_XSPLIT
       const int cv = cl_rank == 0 ? c ^ 8 : c;  // V's 16-byte chunk c lands in the other block
 #else
       const int cv = c;
@@ -721,10 +720,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     float Lq[2] = {0.f, 0.f};
     const int nsrc = t.nh > 64 ? 2 * NTP : NTP;
     const unsigned peer = (unsigned)(cl_rank ^ 1);
-    bool sent = false;  // WS_XSPLIT: this thread's granules left with the last P V
+    bool sent = false;  // IS_XSPLIT: this thread's granules left with the last P V
     // The granule block this CTA finishes (J / XH == keep): its own rank's, but o[1] in
-    // both ranks with WS_XSPLIT.
-    const int keep = WS_XSPLIT ? 1 : cl_rank;
+    // both ranks with IS_XSPLIT.
+    const int keep = IS_XSPLIT ? 1 : cl_rank;
     // The other half's granules (J / XH != keep) straight from registers into the partner's
     // inbox (granule row k of thread ctid at byte 16 (256 k + ctid)), completing bytes on its
     // exchange mbarrier. (Unrolled over every granule, so the register indices are constants.)
@@ -825,9 +824,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
         for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
         wg_fence();
-#if WS_XSPLIT
+#if IS_XSPLIT
         // The last P V as two m64n64 halves (the same bits as one m64n128), o[0] (the
-        // partner's half, see WS_XSPLIT) first: its granules leave by st.async while o[1]'s
+        // partner's half, see IS_XSPLIT) first: its granules leave by st.async while o[1]'s
         // half runs (granule J is o[J / 8], XH = 8).
         const unsigned long long dv = desc_sw128(sbase + OFF_V + st * T_BYTES, TBLK, 1024);
 #pragma unroll
@@ -859,9 +858,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // ---- The split merge with the partner CTA (rank = split; see the header). Each thread
     // owns float4 granules of O (J = 0 .. 8 HB - 1: rows g, g + 8 of its warp's slab, two
     // adjacent columns of block J); granules J / XH == keep are the half this CTA finishes
-    // (channels HD / 2 rank .. + HD / 2 - 1; in o[1] with WS_XSPLIT). The other half goes
+    // (channels HD / 2 rank .. + HD / 2 - 1; in o[1] with IS_XSPLIT). The other half goes
     // straight from registers to the partner's inbox by st.async (granule row k of thread
-    // ctid at byte 16 (256 k + ctid)), completing bytes on its exchange mbarrier (WS_XSPLIT:
+    // ctid at byte 16 (256 k + ctid)), completing bytes on its exchange mbarrier (IS_XSPLIT:
     // already sent with the last P V); the thread's (m0, m1, L0, L1) went ahead to inbox row
     // XH (on bar_xml, before the last P V). The inbox is a region no loop uses, so each warp
     // sends as soon as its own O is final, and the thread with the same ctid in the partner
