@@ -173,6 +173,41 @@ def test_trace_build_compiles() -> None:
                        _common.headers(), cubin=False)
 
 
+def test_trace_diag_builds() -> None:
+    """The kernel's timing-only diagnostics the trace tool documents (IS_DIAG, cluster builds):
+    1 drops every wgmma and the merge's distributed-shared-memory stores, 2 halves the
+    producer's row copies; both compile without a ptxas advisory (with IS_TRACE too); the
+    shipped build has neither; other builds and values refuse IS_DIAG."""
+    from nxrt import compiler
+    from nxrt.compiler import CompileError, compile_source
+    from nxrt_kernels import _common, index_share
+
+    ws = [v for v in index_share.compile_variants() if v.file == "index_share_ws.cu"
+          and v.defines["IS_DTYPE"] == 2 and v.defines["IS_HD"] == 128]
+    cluster = next(v for v in ws if v.defines.get("IS_CLUSTER") and "IS_KT" not in v.defines)
+    plain = next(v for v in ws if not v.defines.get("IS_CLUSTER") and not v.defines.get("IS_Q2"))
+    src = _common.source("index_share_ws.cu")
+
+    def ptx_counts(*extra: str) -> tuple[int, int, int]:
+        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, *extra],
+                           _common.headers(), cubin=False)
+        p = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
+        # row copies (the cluster build's carry an L2 policy), wgmmas, st.async
+        return p.count("L2::cache_hint"), p.count("wgmma.mma_async"), p.count("st.async")
+
+    rows, mmas, sends = ptx_counts()
+    assert rows > 0 and mmas > 0 and sends > 0
+    assert ptx_counts("-DIS_DIAG=1") == (rows, 0, 0)
+    assert ptx_counts("-DIS_DIAG=2") == (rows // 2, mmas, sends)
+    for extra in (["-DIS_DIAG=1", "-DIS_TRACE=1"], ["-DIS_DIAG=2", "-DIS_TRACE=1"]):
+        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, *extra],
+                           _common.headers())
+        assert not compiler.performance_loss(c.log), c.log
+    for opts in ([*plain.options, "-DIS_DIAG=1"], [*cluster.options, "-DIS_DIAG=3"]):
+        with pytest.raises(CompileError, match="IS_DIAG"):
+            compile_source(src, "index_share_ws.cu", "sm_90a", opts, _common.headers(), cubin=False)
+
+
 def _bench_module():
     sys.path.insert(0, str(ROOT / "tools"))
     import bench

@@ -41,6 +41,14 @@ dependent launch) and ``D<NAME>`` (an extra ``-D<NAME>=VALUE`` for the build). E
 of a case runs on the same inputs, ``--rounds`` times interleaved (A B A B), so that
 variants are compared within one session. ``--json FILE`` writes every number.
 
+Which limit paces the stream: the kernel's timing-only diagnostics, ``DIS_DIAG=1`` (the
+consumers only wait for and release every slot: no math, no merge, no stores) and
+``DIS_DIAG=2`` (the producer gathers half of every tile's rows), traced or timed beside the
+shipped build, e.g. ``--variant shipped --variant nomath:DIS_DIAG=1,trace=1 --variant
+half:DIS_DIAG=2,trace=1``. Their outputs are garbage (the error and "bitwise" columns say
+so); a stream that speeds up with half the rows is the gather's, one that speeds up without
+the math is the consumers'.
+
 Needs an sm_90 GPU and torch (inputs and the peer). The package is patched in-process
 (its ws variant and compile hooks, the runtime's launch) only for the variants asked for.
 """

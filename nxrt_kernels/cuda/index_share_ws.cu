@@ -62,7 +62,11 @@
 // IS_XSPLIT (the split last P V, see there), and IS_TRACE (tools/trace_index_share.py
 // only, IS_CLUSTER builds: %globaltimer and %clock64 stamps at the phase boundaries, 16 of
 // each per CTA, into the buffer passed as part_o, which the cluster build does not otherwise
-// use (none when it is null); the shipped builds compile it out).
+// use (none when it is null); the shipped builds compile it out), and IS_DIAG (the same
+// tool only, IS_CLUSTER builds, timing-only diagnostics whose outputs are garbage: 1, the
+// consumers only wait for and release every slot, no math, no merge, no stores; 2, the producer
+// gathers only half of every tile's rows (the even passes), the rest of the slot stale; so a
+// trace tells whether the stream's pace is the gather's or the math's, NOTES IndexShare round 19).
 #include "index_share_mma.cuh"
 #include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
@@ -92,6 +96,12 @@
 #endif
 #if IS_TRACE && !IS_CLUSTER
 #error "IS_TRACE stamps into part_o, which only the cluster build leaves unused"
+#endif
+#ifndef IS_DIAG
+#define IS_DIAG 0
+#endif
+#if IS_DIAG && !(IS_CLUSTER && (IS_DIAG == 1 || IS_DIAG == 2))
+#error "IS_DIAG (1: no consumer math, 2: half of every tile's rows) is for the cluster build"
 #endif
 // Phase stamp k (0-15) of this CTA: 0 start, 1 index columns landed, 2 keys staged,
 // 3 producer done issuing, 4 + w K(0) and Q landed, 6 + w loop done, 8 + w the partner's
@@ -527,6 +537,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int k = 0; k < RPT; ++k) kj[k] = keys[col0 + k * RSTEP];  // -1 padded to tiles
 #pragma unroll
         for (int k = 0; k < RPT; ++k) {
+#if IS_DIAG == 2
+          if (k & 1) continue;  // timing-only: half of the tile's rows
+#endif
           // A padded column (-1) copies zeros, addressing row 0 (of segment 1 if len0 is 0).
           const int kk = kj[k] > 0 ? kj[k] : 0;
           const is_t* src = (kk >= len0 ? p1 : p0) + (long long)kk * HD;
@@ -615,7 +628,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const bool hole = s_meta[slot][1] != 0;
     const int* keys = s_keys + slot * cps;
     const int ntiles = (live + KT - 1) / KT;
-    const bool active = 64 * cw < t.nh;   // this warpgroup has heads in the item
+    // (IS_DIAG 1, timing only: both warpgroups take the idle path below.)
+    const bool active = IS_DIAG != 1 && 64 * cw < t.nh;  // this warpgroup has heads in the item
     const bool pp = t.nh > 64;            // both have: ping-pong
 
     float o[HB][32];
