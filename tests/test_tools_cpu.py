@@ -88,6 +88,9 @@ def test_trace_index_share_specs() -> None:
             parse_variant(bad)
     assert parse_variant("u:cps=1152").cps == 1152
     assert parse_variant("shipped").cps is None
+    # IS_DIAG builds are timing-only: no error or bitwise column (their output is garbage)
+    assert parse_variant("nm:DIS_DIAG=1").timing_only and parse_variant("h:DIS_DIAG=2").timing_only
+    assert not parse_variant("x:DIS_DIAG=0").timing_only and not v.timing_only
 
 
 def test_trace_index_share_cps_hook() -> None:
