@@ -133,20 +133,28 @@ def test_trace_index_share_cps_hook() -> None:
         index_share._plan, index_share._ws_variant, _common.get_function = saved
 
 
+def _ws_bf16_hd128_builds() -> tuple[list, object, object]:
+    """The bf16 head-size-128 ws variants the trace tool builds from: the cluster builds
+    (128- and 64-key tiles), the 128-key one, and the plain (non-cluster, non-Q2) build."""
+    from nxrt_kernels import index_share
+
+    ws = [v for v in index_share.compile_variants() if v.file == "index_share_ws.cu"
+          and v.defines["IS_DTYPE"] == 2 and v.defines["IS_HD"] == 128]
+    clusters = [v for v in ws if v.defines.get("IS_CLUSTER")]
+    cluster = next(v for v in clusters if "IS_KT" not in v.defines)
+    plain = next(v for v in ws if not v.defines.get("IS_CLUSTER") and not v.defines.get("IS_Q2"))
+    return clusters, cluster, plain
+
+
 def test_trace_build_compiles() -> None:
     """The IS_TRACE builds the tool asks for compile (cluster builds, sm_90a) with their
     wgmmas kept asynchronous and stamp %globaltimer and %clock64 (and %smid once); the shipped
     build has none of them; the non-cluster build refuses IS_TRACE (its part_o holds the split partials)."""
     from nxrt import compiler
     from nxrt.compiler import CompileError, compile_source
-    from nxrt_kernels import _common, index_share
+    from nxrt_kernels import _common
 
-    ws = [dict(v.defines) | {"_v": v} for v in index_share.compile_variants()
-          if v.file == "index_share_ws.cu"]
-    ws = [d for d in ws if d["IS_DTYPE"] == 2 and d["IS_HD"] == 128]
-    clusters = [d["_v"] for d in ws if d.get("IS_CLUSTER")]  # 128- and 64-key tiles
-    cluster = next(d["_v"] for d in ws if d.get("IS_CLUSTER") and "IS_KT" not in d)
-    plain = next(d["_v"] for d in ws if not d.get("IS_CLUSTER") and not d.get("IS_Q2"))
+    clusters, cluster, plain = _ws_bf16_hd128_builds()  # clusters: 128- and 64-key tiles
     src = _common.source("index_share_ws.cu")
     assert len(clusters) == 2
     # (IS_XSPLIT: the kernel's split last P V, on in the shipped 128-key-tile cluster build;
@@ -183,12 +191,9 @@ def test_trace_diag_builds() -> None:
     shipped build has neither; other builds and values refuse IS_DIAG."""
     from nxrt import compiler
     from nxrt.compiler import CompileError, compile_source
-    from nxrt_kernels import _common, index_share
+    from nxrt_kernels import _common
 
-    ws = [v for v in index_share.compile_variants() if v.file == "index_share_ws.cu"
-          and v.defines["IS_DTYPE"] == 2 and v.defines["IS_HD"] == 128]
-    cluster = next(v for v in ws if v.defines.get("IS_CLUSTER") and "IS_KT" not in v.defines)
-    plain = next(v for v in ws if not v.defines.get("IS_CLUSTER") and not v.defines.get("IS_Q2"))
+    _, cluster, plain = _ws_bf16_hd128_builds()
     src = _common.source("index_share_ws.cu")
 
     def ptx_counts(*extra: str) -> tuple[int, int, int]:
