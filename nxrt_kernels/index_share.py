@@ -349,6 +349,26 @@ def _choose_splits(tasks: int, width: int, col_align: int, max_cps: int, slots: 
     return best
 
 
+def _ws_decode_split(tasks: int, width: int, sm_count: int) -> tuple[int, str] | None:
+    """(splits, merge) of a warp-specialised decode plan with one item per CTA, or None.
+
+    Measured on the H200 (NOTES, IndexShare round 20; top-k 2048, 64 and 128 heads, B 1-64):
+    a split's cost is its rows (a CTA gathers at a fixed rate whatever the load) plus its
+    merge, and the last-arrival merge reads every partial on one SM (8 x 64 KB at 128
+    heads: ~15 us). So: up to half the SMs busy, eight splits of >= 2 tiles each merged
+    by ``is_combine`` over the whole GPU (B <= 8 at 2048 keys: 15-18 us against 22-25 for
+    the two-CTA cluster or the last-arrival merge); else two splits per task as two-CTA
+    clusters while they fit in one wave (B <= 66 at one kv head); else None (the wave model).
+    """
+    ntiles = -(-width // _WS_KT)
+    wide = min(WS_MAX_SPLITS, ntiles // 2)
+    if wide >= 4 and tasks * wide <= sm_count // 2:
+        return wide, "kernel"
+    if ntiles >= 2 and tasks * 2 <= sm_count:
+        return 2, "cluster"
+    return None
+
+
 def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
           capacity_scratch: bool, smem_max: int = 227 * 1024, smem_sm: int = 228 * 1024,
           knobs: dict[str, Any] | None = None, wg_arch: bool = False) -> _Plan:
@@ -390,11 +410,9 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         fits = -(-g.width // 2048) <= WS_MAX_SPLITS
         wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and many)
         if g.group == WS_MIN_GROUP and not many:
-            # 64 heads in few rows: ws where its splits come out as two, one item per CTA
-            # (the cluster merge below), else the barrier-coupled two-warpgroup key split.
-            ws_tasks = g.batch * g.q_len * g.kv_heads
-            wide = (ws_tasks * 2 <= sm_count and
-                    _choose_splits(ws_tasks, g.width, _WS_KT, 2048, sm_count) == 2)
+            # 64 heads in few rows: ws where a decode plan with one item per CTA exists
+            # (_ws_decode_split), else the barrier-coupled two-warpgroup key split.
+            wide = _ws_decode_split(g.batch * g.q_len * g.kv_heads, g.width, sm_count) is not None
         ws = int(knobs.get("ws", 1 if wide and fits and not other else 0))
         if ws not in (0, 1):
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
@@ -529,10 +547,15 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     hbk = -(-g.group // hpc) if shared else 1
     units = g.kv_heads * hbk if shared else g.heads
     tasks = g.batch * g.q_len * units
+    # A warp-specialised decode plan (measured rule; the ctas knob caps the CTAs it may use).
+    dec = (_ws_decode_split(tasks, g.width, min(sm_count, max(1, int(knobs.get("ctas", sm_count)))))
+           if ws and not many else None)
     if "splits" in knobs:
         # The tensor-core finish keeps nh x (splits + 1) weights in the ring: at most 32.
         splits = max(1, min(int(knobs["splits"]), -(-g.width // col_align),
                             WS_MAX_SPLITS if ws else 32 if (use_mma or use_wg) else 1 << 30))
+    elif ws and not many and dec is not None:
+        splits = dec[0]
     elif use_mma or use_wg:
         splits = _choose_splits(tasks, g.width, col_align, max_cps, max(1, sm_count * per_sm))
         if ws:
@@ -587,7 +610,10 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         ckt = kt if ws else _WS_KT  # (only ws plans define kt; the message below names bytes)
         cluster_ok = (ws and splits == 2 and tasks * splits <= min(sm_count, cap)
                       and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
-        merge = str(knobs.get("merge", "cluster" if cluster_ok else "last"))
+        # ws with more than two splits: is_combine spreads the merge over the GPU, where
+        # the last-arrival merge reads every partial on one SM (_ws_decode_split).
+        merge = str(knobs.get("merge", "cluster" if cluster_ok else
+                              "kernel" if ws and splits > 2 else "last"))
         if merge not in ("last", "kernel", "cluster"):
             raise KernelError(f"{OP}: merge={merge!r} must be 'last', 'kernel' or 'cluster'")
         if merge == "cluster" and not cluster_ok:
@@ -952,10 +978,17 @@ class IndexShareKernel:
                    i32(plan.tasks * plan.splits)],
                   shared_mem=plan.smem, programmatic=plan.entry == "is_attn_ws")
         if plan.merge == "kernel":
+            # After the warp-specialised kernel (which lets its dependents launch at once),
+            # programmatically where it leaves three quarters of the SMs free: is_combine's
+            # blocks are resident before the partials are done (and wait for them), which
+            # saves its launch (H200: 0.2-0.9 us at 2-32 CTAs); with fewer SMs free they
+            # crowd onto those and the combine runs slower (+0.5-1.3 us at 64 CTAs).
             n_rows = g.batch * g.q_len * g.heads
             rt.launch(fn_comb, self._blocks(n_rows * g.head_size), 256,
                       [part_o, part_ml, y.ptr, i64(n_rows), i32(plan.splits), i32(g.head_size),
-                       i32(g.q_len), i32(g.heads)])
+                       i32(g.q_len), i32(g.heads)],
+                      programmatic=plan.entry == "is_attn_ws" and
+                      4 * plan.grid <= self.rt.capabilities.sm_count)
         if not capturing:
             self._warm = True
 

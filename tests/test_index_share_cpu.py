@@ -840,11 +840,11 @@ def _geom(n: int, nkv: int = 1, b: int = 64, sq: int = 1, k: int = 2048, h: int 
 
 def test_wg_plan_choice_and_layouts():
     plan = index_share._plan
-    # Decode N64 in 3 rows (more than two splits per row; B 64 takes ws with the cluster
-    # merge, below): two warpgroups splitting each tile's keys.
-    p = plan(_geom(64, b=3), 132, True, None, False, wg_arch=True)
+    # Decode N64 in 100 rows (more than the two-CTA clusters of one wave; up to 66 rows take
+    # ws, test_ws_decode_split below): two warpgroups splitting each tile's keys.
+    p = plan(_geom(64, b=100), 132, True, None, False, wg_arch=True)
     assert (p.path, p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == ("wg", 2, 64, 0)
-    assert p.threads == 256 and p.heads_per_cta == 64 and p.splits >= 2
+    assert p.threads == 256 and p.heads_per_cta == 64 and p.knobs["ws"] == 0
     assert p.smem <= 227 * 1024 and p.stages >= 2
     assert p.smem == index_share._wg_smem(128, 2, 64, p.stages, p.cps)
     # Prefill N64 (4096 rows) takes ws (below); with ws=0 one warpgroup with Q in
@@ -878,6 +878,49 @@ def test_wg_plan_choice_and_layouts():
     assert plan(_geom(96), 132, True, None, False, knobs={"ws": 0}, wg_arch=True).hbk == 1
     p = plan(_geom(48), 132, True, None, False, wg_arch=True)
     assert (p.knobs["mrows"], p.hbk) == (64, 1)
+
+
+@pytest.mark.parametrize("n", [64, 128])
+def test_ws_decode_split(n):
+    """Decode rows with at most 66 tasks (132 SMs) take the warp-specialised build with one
+    item per CTA (NOTES, IndexShare round 20): up to half the SMs, eight splits of two tiles
+    merged by is_combine; else two splits per task as two-CTA clusters; past one wave of
+    clusters, the wave model (and for 64 heads the barrier-coupled build)."""
+    plan = index_share._plan
+    for b in (1, 3, 8):
+        p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
+        assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 8, "kernel",
+                                                                8 * b, 256), (b, p)
+        assert p.nbytes > 0 and p.variant.defines.get("IS_CLUSTER", 0) == 0
+    for b in (9, 16, 33, 64, 66):
+        p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
+        assert (p.entry, p.splits, p.merge, p.grid) == ("is_attn_ws", 2, "cluster", 2 * b), (b, p)
+    p = plan(_geom(n, b=67), 132, True, None, False, wg_arch=True)
+    assert p.merge != "cluster" and (p.entry == "is_attn_ws") == (n == 128), p
+    # The rule in tasks: two 128-head blocks per row (N 256) count twice; two index rows
+    # per batch row (Sq 2) too; the ctas knob caps the SMs it may use.
+    assert plan(_geom(256, b=4), 132, True, None, False, wg_arch=True).splits == 8
+    assert plan(_geom(256, b=5), 132, True, None, False, wg_arch=True).merge == "cluster"
+    assert plan(_geom(n, b=4, sq=2), 132, True, None, False, wg_arch=True).splits == 8
+    p = plan(_geom(n, b=8), 132, True, None, False, knobs={"ctas": 64}, wg_arch=True)
+    assert (p.splits, p.merge, p.grid) == (2, "cluster", 16)
+    # Fewer keys: splits of at least two tiles (4 or more merged by is_combine), else two.
+    for k, splits, merge in ((4096, 8, "kernel"), (1500, 6, "kernel"), (1024, 4, "kernel"),
+                             (512, 2, "cluster"), (200, 2, "cluster")):
+        p = plan(_geom(n, b=1, k=k), 132, True, None, False, wg_arch=True)
+        assert (p.splits, p.merge) == (splits, merge), (k, p)
+    p = plan(_geom(n, b=1, k=64), 132, True, None, False, wg_arch=True)
+    assert p.splits == 1 and p.merge == "none"
+    # Pinned splits above two default to is_combine; the last-arrival merge stays a knob.
+    assert plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 4},
+                wg_arch=True).merge == "kernel"
+    assert plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 4, "merge": "last"},
+                wg_arch=True).merge == "last"
+    # The helper alone.
+    assert index_share._ws_decode_split(8, 2048, 132) == (8, "kernel")
+    assert index_share._ws_decode_split(9, 2048, 132) == (2, "cluster")
+    assert index_share._ws_decode_split(67, 2048, 132) is None
+    assert index_share._ws_decode_split(1, 128, 132) is None
 
 
 def test_ws_plan_choice_grid_and_refusals():
@@ -926,10 +969,12 @@ def test_ws_plan_choice_grid_and_refusals():
     # Knobs of the barrier-coupled build pin it.
     assert plan(_geom(128), 132, True, None, False, knobs={"stages": 3},
                 wg_arch=True).knobs["ws"] == 0
-    # More than 8 x 2048 columns, or 64 heads in few rows (decode), keep the barrier-coupled
-    # build unless asked; 64 heads in many rows (prefill) take ws.
+    # More than 8 x 2048 columns, or 64 heads in decode rows past one wave of two-CTA
+    # clusters, keep the barrier-coupled build unless asked; 64 heads in many rows (prefill)
+    # take ws, and so do decode rows up to that wave (test_ws_decode_split).
     assert plan(_geom(128, k=9 * 2048), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
-    assert plan(_geom(64, b=3), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
+    assert plan(_geom(64, b=100), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
+    assert plan(_geom(64, b=3), 132, True, None, False, wg_arch=True).knobs["ws"] == 1
     assert plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True).knobs["ws"] == 1
     assert plan(_geom(48, b=1, sq=4096), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
     assert plan(_geom(64), 132, True, None, False, knobs={"ws": 1}, wg_arch=True).grid == 128
@@ -1009,15 +1054,18 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
     assert not kern._wg_arch()
 
 
-@pytest.mark.parametrize("n,path,want", [(128, None, True), (128, "mma", False), (8, None, False)])
-def test_programmatic_launch_only_for_the_ws_build(n, path, want):
+@pytest.mark.parametrize("n,path,want,b", [(128, None, True, 4), (128, None, True, 8),
+                                           (128, "mma", False, 4), (8, None, False, 4)])
+def test_programmatic_launch_only_for_the_ws_build(n, path, want, b):
     """The warp-specialised build (which waits on ``griddepcontrol`` before it touches
-    global memory) launches with programmatic dependent launch; no other kernel does."""
+    global memory) launches with programmatic dependent launch, and so does the is_combine
+    after it (which waits likewise) where the ws grid leaves three quarters of the SMs free
+    (B 4: 32 CTAs; B 8: 64, an ordinary launch); no other kernel does."""
     from tests._fakes import FakeRuntime
 
     rt = FakeRuntime()  # an H200: cc 9.0, 132 SMs
     rng = np.random.default_rng(7)
-    b, past, k, h = 4, 3000, 2048, 128
+    past, k, h = 3000, 2048, 128
     bf = DataType.BFLOAT16
     idx = np.stack([np.sort(rng.choice(past + 1, k, replace=False)) for _ in range(b)])
     ins = [rt.view((b, n, 1, h), bf), rt.view((b, 1, 1, h), bf), rt.view((b, 1, 1, h), bf),
@@ -1032,5 +1080,11 @@ def test_programmatic_launch_only_for_the_ws_build(n, path, want):
         kern.close()
     attn = [x for x in rt.launches if x.name.startswith("is_attn")]
     assert len(attn) == 1 and (attn[0].name == "is_attn_ws") == want, rt.names()
-    assert [x.programmatic for x in rt.launches] == [x.name == "is_attn_ws" for x in rt.launches]
+    ws_grid = kern.last_plan.grid if want else 0
+    if want:  # decode B <= 8: eight splits merged by is_combine (test_ws_decode_split)
+        assert kern.last_plan.merge == "kernel" and ws_grid == 8 * b, kern.last_plan
+        assert rt.names().count("is_combine") == 1, rt.names()
+    assert [x.programmatic for x in rt.launches] == [
+        x.name == "is_attn_ws" or (x.name == "is_combine" and 0 < 4 * ws_grid <= 132)
+        for x in rt.launches]
     assert attn[0].programmatic == want

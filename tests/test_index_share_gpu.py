@@ -429,15 +429,18 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              # cluster items of more than 64 heads at head size 128).
              {"ws": 1, "kt": 64}, {"ws": 1, "kt": 64, "ctas": 3},
              {"ws": 1, "kt": 64, "splits": 3, "merge": "kernel"},
-             {"ws": 1, "kt": 64, "splits": 2}, {"ws": 1, "kt": 64, "splits": 2, "merge": "last"}]
+             {"ws": 1, "kt": 64, "splits": 2}, {"ws": 1, "kt": 64, "splits": 2, "merge": "last"},
+             # Eight splits (the decode default up to half the SMs): is_combine (launched
+             # programmatically at these grids) and the last-arrival merge, the same bits.
+             {"ws": 1, "splits": 8}, {"ws": 1, "splits": 8, "merge": "last"}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
         assert kern.last_plan.path == "wg", kern.last_plan
         kn = kern.last_plan.knobs
-        if shape == "decode-g64":  # 64 heads in 3 rows (more than two splits each): two
-            # warpgroups splitting each tile's keys (B 64 takes ws with the cluster merge)
-            assert (kn["ws"], kn["wgs"], kn["mrows"]) == (0, 2, 64), kn
+        if shape.startswith("decode"):  # 2-3 rows: ws, eight splits merged by is_combine
+            p = kern.last_plan
+            assert (kn["ws"], p.splits, p.merge) == (1, 8, "kernel"), p
         else:  # more than 64 heads share a row: the warp-specialised build
             assert kn["ws"] == 1 and kn["q2"] == (kern.last_plan.splits == 1), kn
         _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg", "kt"),
@@ -452,13 +455,15 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
 
 
 @pytest.mark.parametrize("size", [(4, 3000, 2048), (2, 700, 320)], ids=["k2048", "k320"])
-@pytest.mark.parametrize("knobs", [{"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"}],
-                         ids=["ws-cluster", "ws-last"])
+@pytest.mark.parametrize("knobs", [{"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"},
+                                   {"ws": 1, "splits": 4, "merge": "kernel"}],
+                         ids=["ws-cluster", "ws-last", "ws-combine"])
 def test_chained_calls_in_one_graph(rt, ledger, rng, knobs, size):
     """Three warp-specialised calls captured in one graph, each reading the previous one's
     output as its query and the last overwriting the first one's query (the ws build is
-    launched with programmatic dependent launch: a read-after-write and a
-    write-after-read across its graph edges). The replay equals the eager sequence bitwise,
+    launched with programmatic dependent launch, and so is is_combine after it at small
+    grids (``ws-combine``): a read-after-write and a write-after-read across its graph
+    edges). The replay equals the eager sequence bitwise,
     and the first call matches the reference. ``k320`` (160 keys per split: one whole tile
     and one padded one per CTA) is the size racecheck can finish (tools/sanitize.sh)."""
     if not _wg_device(rt):

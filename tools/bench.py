@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import nxrt  # noqa: E402
 from nxrt._check import check, driver  # noqa: E402
 
-BENCHES = ("runtime", "attention", "paged", "index_share")
+BENCHES = ("runtime", "attention", "paged", "index_share", "index_share_batch")
 
 #: Milliseconds of back-to-back calls before each timed series (``--warm-ms``), as
 #: ``triton.testing.do_bench``'s default warm-up (25 ms).

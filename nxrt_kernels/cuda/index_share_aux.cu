@@ -90,6 +90,12 @@ IS_SCATTER_ENTRY(is_scatter_w2, unsigned short)
 extern "C" __global__ void __launch_bounds__(256) is_combine(
     const float* __restrict__ part_o, const float* __restrict__ part_ml, is_t* __restrict__ y,
     long long rows, int S, int H, int Sq, int N) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(NXRT_EMU)
+  // Launched programmatically after is_attn_ws (index_share.py): resident while the
+  // partials are computed, it reads them only once that grid has completed and its writes
+  // are visible (a no-op after an ordinary launch).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const long long total = rows * H;
   for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
