@@ -691,12 +691,16 @@ def test_emulated_capture_before_warmup_and_growth(emu, rng):
     {"wm": 4, "wn": 1, "stages": 5, "splits": 1},
     {"wm": 4, "wn": 1, "stages": 3, "splits": 2, "merge": "last"},
     {"wm": 4, "wn": 2, "stages": 3, "splits": 2, "merge": "last"},
-], ids=["ring2", "ring3-split-last", "ring5-wn1", "ring3-wn1-split-last", "f16-h128-4x2"])
+    {"wm": 1, "wn": 4, "stages": 2, "splits": 11, "merge": "last"},
+], ids=["ring2", "ring3-split-last", "ring5-wn1", "ring3-wn1-split-last", "f16-h128-4x2",
+        "split11-last"])
 def test_emulated_mma_ring_and_split_merge(emu, rng, knobs):
     """Ring depths that wrap several times, every warp-layout kind, split-K merged in-kernel;
-    the is_combine merge gives the same bits."""
+    the is_combine merge gives the same bits (``split11``: its loads in two batches)."""
     if knobs["wn"] == 2:  # the 8-warp layout, on the f16 H 128 build
         dt, n, h, sq, k, past = np.float16, 48, 128, 1, 200, 300
+    elif knobs["splits"] > 8:  # 11 splits of 64 columns
+        dt, n, h, sq, k, past = BF16, 16, 64, 2, 700, 900
     else:
         dt, n, h, sq, k, past = BF16, 16, 64, 2, 300, 500
     ins = make_case(rng, b=1, n=n, nkv=1, sq=sq, cur=3, past=past, h=h, k=k, dtype=dt,
