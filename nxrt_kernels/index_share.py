@@ -52,7 +52,11 @@ warp-specialised plan with two splits and one item per CTA (decode: B 64 on 132 
 the two splits of a task as a two-CTA cluster instead (``merge="cluster"``, the default
 there): each CTA sends its partner half of its unnormalised output through distributed
 shared memory and finishes the other half, with the last-arrival merge's arithmetic (the
-same bits), and no split partials or counters in global memory.
+same bits), and no split partials or counters in global memory. Decode rows of up to half
+the SMs take eight splits of two tiles per task instead, as eight-CTA clusters: each CTA
+writes its partials, and after a cluster barrier finishes an eighth of the task's channels
+from the eight partials in L2 (``merge="cluster"`` with ``splits=8``; the planner's rule
+for decode is ``_ws_decode_split``, measured in NOTES, IndexShare round 20).
 Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
 and the plan depends only on shapes and the device.
 """
@@ -187,12 +191,16 @@ def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
 
 
 def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = _WS_KT) -> Variant:
+    """The ws build; ``cluster`` 2 (or 1): the two-CTA cluster merge, 8: the eight-CTA one
+    (IS_CMERGE)."""
     defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": _ws_nst(hd, kt)}
     if kt != _WS_KT:
         defines["IS_KT"] = kt
     if q2:
         defines["IS_Q2"] = 1
-    if cluster:
+    if cluster == 8:
+        defines["IS_CMERGE"] = 1
+    elif cluster:
         defines["IS_CLUSTER"] = 1
     return Variant("index_share_ws.cu", ("is_attn_ws",), defines, min_arch=90, arch_suffix="a")
 
@@ -215,6 +223,7 @@ def compile_variants() -> list[Variant]:
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, 0, 1, 3) for hd in (64, 128)]
         out += [_ws_variant(dt, hd, q2, cl) for hd in (64, 128) for q2, cl in ((0, 0), (1, 0), (0, 1))]
         out.append(_ws_variant(dt, 128, 0, 1, 64))  # the cluster build at knob kt 64 (WS_KTS)
+        out += [_ws_variant(dt, hd, 0, 8) for hd in (64, 128)]  # eight-CTA clusters
     return out
 
 
@@ -243,6 +252,8 @@ class _Plan:
     stages: int  # tensor-core ring depth (0 for simt)
     per_sm: int  # CTAs per SM the plan was sized for
     merge: str  # "none" (one split) | "last" (the task's last CTA) | "kernel" (is_combine)
+    #             | "cluster" (ws, one item per CTA: two-CTA clusters through distributed
+    #               shared memory, or eight-CTA clusters through the partials in L2)
     smem: int
     grid: int
     part_o_off: int
@@ -250,6 +261,11 @@ class _Plan:
     valid_off: int
     cnt_off: int  # split counters (workspace path; the pool path keeps them apart)
     nbytes: int
+
+    @property
+    def partials(self) -> bool:
+        """Whether the splits write partials to the scratch (every merge but the two-CTA one)."""
+        return self.merge in ("last", "kernel") or (self.merge == "cluster" and self.splits > 2)
 
     @property
     def knobs(self) -> dict[str, Any]:
@@ -355,15 +371,15 @@ def _ws_decode_split(tasks: int, width: int, sm_count: int) -> tuple[int, str] |
     Measured on the H200 (NOTES, IndexShare round 20; top-k 2048, 64 and 128 heads, B 1-64):
     a split's cost is its rows (a CTA gathers at a fixed rate whatever the load) plus its
     merge, and the last-arrival merge reads every partial on one SM (8 x 64 KB at 128
-    heads: ~15 us). So: up to half the SMs busy, eight splits of >= 2 tiles each merged
-    by ``is_combine`` over the whole GPU (B <= 8 at 2048 keys: 15-18 us against 22-25 for
-    the two-CTA cluster or the last-arrival merge); else two splits per task as two-CTA
+    heads: ~15 us). So: up to half the SMs busy, up to eight splits of >= 2 tiles each,
+    eight as eight-CTA clusters that merge from their partials in L2 (IS_CMERGE), four to
+    seven by ``is_combine`` over the whole GPU; else two splits per task as two-CTA
     clusters while they fit in one wave (B <= 66 at one kv head); else None (the wave model).
     """
     ntiles = -(-width // _WS_KT)
     wide = min(WS_MAX_SPLITS, ntiles // 2)
     if wide >= 4 and tasks * wide <= sm_count // 2:
-        return wide, "kernel"
+        return wide, "cluster" if wide == 8 else "kernel"
     if ntiles >= 2 and tasks * 2 <= sm_count:
         return 2, "cluster"
     return None
@@ -607,9 +623,13 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # cluster and merge through distributed shared memory (no partials, no counter).
         # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
         # resident at once; a larger grid would still be correct, in more than one wave.
+        # Eight splits of one item per CTA (decode at small batches, _ws_decode_split): the
+        # task's eight CTAs form a cluster and merge from their partials in L2 (IS_CMERGE).
         ckt = kt if ws else _WS_KT  # (only ws plans define kt; the message below names bytes)
-        cluster_ok = (ws and splits == 2 and tasks * splits <= min(sm_count, cap)
-                      and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
+        one_wave = tasks * splits <= min(sm_count, cap)
+        cluster_ok = bool(ws and one_wave and (
+            (splits == 2 and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
+            or (splits == 8 and ckt == _WS_KT)))
         # ws with more than two splits: is_combine spreads the merge over the GPU, where
         # the last-arrival merge reads every partial on one SM (_ws_decode_split).
         merge = str(knobs.get("merge", "cluster" if cluster_ok else
@@ -618,11 +638,13 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
             raise KernelError(f"{OP}: merge={merge!r} must be 'last', 'kernel' or 'cluster'")
         if merge == "cluster" and not cluster_ok:
             raise KernelError(f"{OP}: merge='cluster' needs the warp-specialised build (ws=1), "
-                              f"two splits, one work item per CTA (at most {min(sm_count, cap)}) "
-                              f"and {_ws_smem(h, cps, 0, 1, ckt)} bytes of shared memory; this plan "
-                              f"has ws={ws}, {splits} splits, {tasks * splits} items, a device "
-                              f"limit of {smem_max}")
-        if merge == "cluster":  # (ws: kt and its stages as chosen above)
+                              f"two splits (and {_ws_smem(h, cps, 0, 1, ckt)} bytes of shared "
+                              f"memory) or eight (128-key tiles), and one work item per CTA (at "
+                              f"most {min(sm_count, cap)}); this plan has ws={ws}, {splits} "
+                              f"splits, {tasks * splits} items, a device limit of {smem_max}")
+        if merge == "cluster" and splits == 8:  # (the ws smem of its split plan, above)
+            variant = _ws_variant(dt, h, 0, 8, kt)
+        elif merge == "cluster":  # (ws: kt and its stages as chosen above)
             variant = _ws_variant(dt, h, 0, 1, kt)
             smem = _ws_smem(h, cps, 0, 1, kt)
     grid = tasks * splits
@@ -633,8 +655,9 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         raise KernelError(f"{OP}: {tasks * splits} work items exceed the grid limit; use fewer "
                           "(batch, query) rows per call")
     rows = g.batch * g.q_len * g.heads
-    po = rows * splits * h * 4 if merge in ("last", "kernel") else 0
-    pm = rows * splits * 2 * 4 if merge in ("last", "kernel") else 0
+    parts = merge in ("last", "kernel") or (merge == "cluster" and splits > 2)  # _Plan.partials
+    po = rows * splits * h * 4 if parts else 0
+    pm = rows * splits * 2 * 4 if parts else 0
     vb = g.batch * 4 if capacity_scratch else 0
     cb = tasks * 4 if merge == "last" else 0
     part_ml_off = _round_up(po, _ALIGN)
@@ -964,8 +987,8 @@ class IndexShareKernel:
         else:
             k0, v0, k1, v1, len0, len1 = k.ptr, v.ptr, k.ptr, v.ptr, 0, g.cur_len
         bs = bias_strides(g.bias_shape) if bias is not None else (0, 0, 0, 0)
-        part_o = base + plan.part_o_off if plan.merge in ("last", "kernel") else 0
-        part_ml = base + plan.part_ml_off if plan.merge in ("last", "kernel") else 0
+        part_o = base + plan.part_o_off if plan.partials else 0
+        part_ml = base + plan.part_ml_off if plan.partials else 0
         rt.launch(fn_attn, plan.grid, plan.threads,
                   [q.ptr, k0, v0, k1, v1, idx.ptr, bias.ptr if bias is not None else 0, y.ptr,
                    part_o, part_ml, counters, latch, valid_ptr,

@@ -888,14 +888,17 @@ def test_wg_plan_choice_and_layouts():
 def test_ws_decode_split(n):
     """Decode rows with at most 66 tasks (132 SMs) take the warp-specialised build with one
     item per CTA (NOTES, IndexShare round 20): up to half the SMs, eight splits of two tiles
-    merged by is_combine; else two splits per task as two-CTA clusters; past one wave of
-    clusters, the wave model (and for 64 heads the barrier-coupled build)."""
+    as eight-CTA clusters merging from their partials in L2 (IS_CMERGE; fewer keys: four to
+    seven splits merged by is_combine); else two splits per task as two-CTA clusters; past
+    one wave of clusters, the wave model (and for 64 heads the barrier-coupled build)."""
     plan = index_share._plan
     for b in (1, 3, 8):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
-        assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 8, "kernel",
+        assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 8, "cluster",
                                                                 8 * b, 256), (b, p)
-        assert p.nbytes > 0 and p.variant.defines.get("IS_CLUSTER", 0) == 0
+        assert p.variant.defines["IS_CMERGE"] == 1 and "IS_CLUSTER" not in p.variant.defines
+        # Partials, no split counters; the shared memory of the plain ws build.
+        assert p.partials and p.nbytes == p.valid_off and p.smem == index_share._ws_smem(128, 256)
     for b in (9, 16, 33, 64, 66):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid) == ("is_attn_ws", 2, "cluster", 2 * b), (b, p)
@@ -909,19 +912,28 @@ def test_ws_decode_split(n):
     p = plan(_geom(n, b=8), 132, True, None, False, knobs={"ctas": 64}, wg_arch=True)
     assert (p.splits, p.merge, p.grid) == (2, "cluster", 16)
     # Fewer keys: splits of at least two tiles (4 or more merged by is_combine), else two.
-    for k, splits, merge in ((4096, 8, "kernel"), (1500, 6, "kernel"), (1024, 4, "kernel"),
+    for k, splits, merge in ((4096, 8, "cluster"), (1500, 6, "kernel"), (1024, 4, "kernel"),
                              (512, 2, "cluster"), (200, 2, "cluster")):
         p = plan(_geom(n, b=1, k=k), 132, True, None, False, wg_arch=True)
         assert (p.splits, p.merge) == (splits, merge), (k, p)
     p = plan(_geom(n, b=1, k=64), 132, True, None, False, wg_arch=True)
     assert p.splits == 1 and p.merge == "none"
-    # Pinned splits above two default to is_combine; the last-arrival merge stays a knob.
+    # Pinned splits above two default to is_combine (eight: the eight-CTA clusters while
+    # they fit); the other merges stay knobs, and eight-CTA clusters need 128-key tiles.
     assert plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 4},
                 wg_arch=True).merge == "kernel"
-    assert plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 4, "merge": "last"},
-                wg_arch=True).merge == "last"
+    for merge in ("last", "kernel"):
+        p = plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 8, "merge": merge},
+                 wg_arch=True)
+        assert p.merge == merge and "IS_CMERGE" not in p.variant.defines and p.partials
+    assert plan(_geom(n, b=20), 132, True, None, False, knobs={"splits": 8},
+                wg_arch=True).merge == "kernel"  # 160 items: more than one per CTA
+    with pytest.raises(KernelError, match="or eight"):
+        plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 8, "merge": "cluster",
+                                                         "kt": 64}, wg_arch=True)
     # The helper alone.
-    assert index_share._ws_decode_split(8, 2048, 132) == (8, "kernel")
+    assert index_share._ws_decode_split(8, 2048, 132) == (8, "cluster")
+    assert index_share._ws_decode_split(8, 1024, 132) == (4, "kernel")
     assert index_share._ws_decode_split(9, 2048, 132) == (2, "cluster")
     assert index_share._ws_decode_split(67, 2048, 132) is None
     assert index_share._ws_decode_split(1, 128, 132) is None
@@ -991,8 +1003,8 @@ def test_ws_plan_choice_grid_and_refusals():
             ({"q2": 1}, _geom(128), "q2=1 must be 0, or 1 with one split"),
             ({"q2": 1}, _geom(128, b=1, sq=4096, idt=DataType.INT64), "int32 indices"),
             ({"ws": 1}, _geom(128, k=9 * 2048), "at most 8 splits"),
-            ({"merge": "cluster", "splits": 3}, _geom(128), "two splits, one work item"),
-            ({"merge": "cluster", "ctas": 100}, _geom(128), "two splits, one work item"),
+            ({"merge": "cluster", "splits": 3}, _geom(128), "two splits .* or eight"),
+            ({"merge": "cluster", "ctas": 100}, _geom(128), "one work item per CTA"),
             ({"merge": "cluster", "ws": 0}, _geom(128), "needs the warp-specialised build"),
             ({"kt": 96}, _geom(128), "kt=96 must be one of"),
             ({"kt": 64, "ws": 0}, _geom(128), "kt applies to the warp-specialised build"),
@@ -1058,13 +1070,15 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
     assert not kern._wg_arch()
 
 
-@pytest.mark.parametrize("n,path,want,b", [(128, None, True, 4), (128, None, True, 8),
-                                           (128, "mma", False, 4), (8, None, False, 4)])
-def test_programmatic_launch_only_for_the_ws_build(n, path, want, b):
+@pytest.mark.parametrize("n,path,want,b,knobs", [
+    (128, None, True, 4, None), (128, None, True, 4, {"splits": 4}),
+    (128, None, True, 16, {"splits": 4}), (128, "mma", False, 4, None), (8, None, False, 4, None)])
+def test_programmatic_launch_only_for_the_ws_build(n, path, want, b, knobs):
     """The warp-specialised build (which waits on ``griddepcontrol`` before it touches
     global memory) launches with programmatic dependent launch, and so does the is_combine
     after it (which waits likewise) where the ws grid leaves three quarters of the SMs free
-    (B 4: 32 CTAs; B 8: 64, an ordinary launch); no other kernel does."""
+    (4 splits of B 4: 16 CTAs; of B 16: 64, an ordinary launch); no other kernel does. (B 4
+    by default: eight-CTA clusters, no is_combine.)"""
     from tests._fakes import FakeRuntime
 
     rt = FakeRuntime()  # an H200: cc 9.0, 132 SMs
@@ -1078,6 +1092,7 @@ def test_programmatic_launch_only_for_the_ws_build(n, path, want, b):
     out = rt.view((b, n, 1, h), bf, mut=True)
     kern = index_share.IndexShareFactory(rt).create(node(n, 1))
     kern.path_override = path
+    kern.plan_override = knobs
     try:
         kern.execute(ins, [out])
     finally:
@@ -1085,9 +1100,11 @@ def test_programmatic_launch_only_for_the_ws_build(n, path, want, b):
     attn = [x for x in rt.launches if x.name.startswith("is_attn")]
     assert len(attn) == 1 and (attn[0].name == "is_attn_ws") == want, rt.names()
     ws_grid = kern.last_plan.grid if want else 0
-    if want:  # decode B <= 8: eight splits merged by is_combine (test_ws_decode_split)
-        assert kern.last_plan.merge == "kernel" and ws_grid == 8 * b, kern.last_plan
-        assert rt.names().count("is_combine") == 1, rt.names()
+    if want:  # eight splits in eight-CTA clusters, or the pinned four and is_combine
+        splits = (knobs or {}).get("splits", 8)
+        assert ws_grid == splits * b and kern.last_plan.merge == (
+            "kernel" if knobs else "cluster"), kern.last_plan
+        assert rt.names().count("is_combine") == (1 if knobs else 0), rt.names()
     assert [x.programmatic for x in rt.launches] == [
         x.name == "is_attn_ws" or (x.name == "is_combine" and 0 < 4 * ws_grid <= 132)
         for x in rt.launches]

@@ -207,13 +207,14 @@ def kern_violation(kern, views, outs):
 
 
 @pytest.mark.parametrize("n,knobs", [(16, None), (64, None), (128, {"ws": 1, "ctas": 2}),
-                                     (128, {"ws": 1, "splits": 2, "merge": "cluster"})],
-                         ids=["mma", "wg", "ws", "ws-cluster"])
+                                     (128, {"ws": 1, "splits": 2, "merge": "cluster"}),
+                                     (128, {"ws": 1, "splits": 8, "merge": "cluster"})],
+                         ids=["mma", "wg", "ws", "ws-cluster", "ws-cluster8"])
 @pytest.mark.parametrize("mode", ["none", "capacity"])
 def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n, knobs):
-    # ws-cluster: two splits of 128 columns (the cluster merge needs two).
-    b, nkv, h, k = 2, 2, 64, 256 if knobs and "splits" in knobs else 64
-    past = 500
+    # ws-cluster: two splits of 128 columns (the cluster merge needs two); ws-cluster8: eight.
+    b, nkv, h, k = 2, 2, 64, 128 * knobs["splits"] if knobs and "splits" in knobs else 64
+    past = max(500, 2 * k)
     ins = case(rng, dtype=BF16, b=b, n=n, nkv=nkv, sq=1, cur=1, past=past, h=h, k=k, hi=1,
                bias=(b, 1, 1, "C") if mode == "capacity" else None, idt=np.int32, mode=mode)
     nd = make_node(n, nkv, outputs=1 if mode == "none" else 3)
@@ -430,17 +431,20 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              {"ws": 1, "kt": 64}, {"ws": 1, "kt": 64, "ctas": 3},
              {"ws": 1, "kt": 64, "splits": 3, "merge": "kernel"},
              {"ws": 1, "kt": 64, "splits": 2}, {"ws": 1, "kt": 64, "splits": 2, "merge": "last"},
-             # Eight splits (the decode default up to half the SMs): is_combine (launched
-             # programmatically at these grids) and the last-arrival merge, the same bits.
-             {"ws": 1, "splits": 8}, {"ws": 1, "splits": 8, "merge": "last"}]
+             # Eight splits (the decode default up to half the SMs): eight-CTA clusters
+             # merging from their partials in L2, is_combine (launched programmatically at
+             # these grids) and the last-arrival merge, the same bits.
+             {"ws": 1, "splits": 8}, {"ws": 1, "splits": 8, "merge": "kernel"},
+             {"ws": 1, "splits": 8, "merge": "last"}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
         assert kern.last_plan.path == "wg", kern.last_plan
         kn = kern.last_plan.knobs
-        if shape.startswith("decode"):  # 2-3 rows: ws, eight splits merged by is_combine
+        if shape.startswith("decode"):  # 2-3 rows: ws, eight splits in eight-CTA clusters
             p = kern.last_plan
-            assert (kn["ws"], p.splits, p.merge) == (1, 8, "kernel"), p
+            assert (kn["ws"], p.splits, p.merge) == (1, 8, "cluster"), p
+            assert p.variant.defines["IS_CMERGE"] == 1, p
         else:  # more than 64 heads share a row: the warp-specialised build
             assert kn["ws"] == 1 and kn["q2"] == (kern.last_plan.splits == 1), kn
         _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg", "kt"),
@@ -456,19 +460,23 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
 
 @pytest.mark.parametrize("size", [(4, 3000, 2048), (2, 700, 320)], ids=["k2048", "k320"])
 @pytest.mark.parametrize("knobs", [{"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"},
-                                   {"ws": 1, "splits": 4, "merge": "kernel"}],
-                         ids=["ws-cluster", "ws-last", "ws-combine"])
+                                   {"ws": 1, "splits": 4, "merge": "kernel"},
+                                   {"ws": 1, "splits": 8, "merge": "cluster"}],
+                         ids=["ws-cluster", "ws-last", "ws-combine", "ws-cluster8"])
 def test_chained_calls_in_one_graph(rt, ledger, rng, knobs, size):
     """Three warp-specialised calls captured in one graph, each reading the previous one's
     output as its query and the last overwriting the first one's query (the ws build is
     launched with programmatic dependent launch, and so is is_combine after it at small
     grids (``ws-combine``): a read-after-write and a write-after-read across its graph
-    edges). The replay equals the eager sequence bitwise,
+    edges; ``ws-cluster8``: eight-CTA clusters merging from their partials in L2). The replay
+    equals the eager sequence bitwise,
     and the first call matches the reference. ``k320`` (160 keys per split: one whole tile
     and one padded one per CTA) is the size racecheck can finish (tools/sanitize.sh)."""
     if not _wg_device(rt):
         pytest.skip("the warp-specialised build needs an sm_90 device")
     (b, past, k), n = size, 128
+    if knobs["splits"] == 8 and k < 8 * 128:
+        pytest.skip("eight splits need at least eight 128-key tiles")
     ins = case(rng, dtype=BF16, b=b, n=n, nkv=1, sq=1, cur=1, past=past, h=128, k=k, hi=1,
                bias=None, idt=np.int32, mode="none")
     nd = make_node(n, 1)

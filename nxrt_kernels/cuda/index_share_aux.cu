@@ -84,16 +84,9 @@ IS_SCATTER_ENTRY(is_scatter_w8, uint2)
 IS_SCATTER_ENTRY(is_scatter_w4, unsigned)
 IS_SCATTER_ENTRY(is_scatter_w2, unsigned short)
 
-// Splits whose partials one is_combine thread loads at once.
-constexpr int IS_COMBINE_CB = 8;
-
 // Combine S split partials per output element in split order (deterministic, the same
-// arithmetic as the in-kernel finish, is_finish_element: the max of the m, then explicit FMAs
-// in split order, then times 1 / L): rows = B*Sq*N, partial p = row*S + s,
-// row = (b*Sq + q)*N + h. A thread's loads of the S partials are independent: they go
-// IS_COMBINE_CB at a time ahead of their arithmetic, two L2 round trips per 8 splits (one
-// for the max, one for the values) where is_merge_parts' loop waits on ~3 S loads in turn
-// (H200, 8 splits of 128 heads: the launch took ~7 us; NOTES, IndexShare round 20).
+// arithmetic and bits as the in-kernel finishes: is_merge_batched): rows = B*Sq*N,
+// partial p = row*S + s, row = (b*Sq + q)*N + h.
 extern "C" __global__ void __launch_bounds__(256) is_combine(
     const float* __restrict__ part_o, const float* __restrict__ part_ml, is_t* __restrict__ y,
     long long rows, int S, int H, int Sq, int N) {
@@ -112,39 +105,8 @@ extern "C" __global__ void __launch_bounds__(256) is_combine(
     const long long bq = row / N;
     const int qi = (int)(bq % Sq);
     const long long b = bq / Sq;
-    const float* pm = part_ml + row * S * 2;        // the row's S (m, l) pairs
-    const float* po = part_o + row * S * H + d;     // and its S values of channel d
-    float M = is_neg_inf();
-    for (int w0 = 0; w0 < S; w0 += IS_COMBINE_CB) {
-      float mv[IS_COMBINE_CB];
-#pragma unroll
-      for (int j = 0; j < IS_COMBINE_CB; ++j)
-        mv[j] = w0 + j < S ? __ldcg(pm + 2 * (w0 + j)) : is_neg_inf();
-#pragma unroll
-      for (int j = 0; j < IS_COMBINE_CB; ++j) M = fmaxf(M, mv[j]);  // exact: order-free
-    }
-    float L = 0.f, O = 0.f;
-    if (M != is_neg_inf()) {
-      for (int w0 = 0; w0 < S; w0 += IS_COMBINE_CB) {
-        float mv[IS_COMBINE_CB], lv[IS_COMBINE_CB], ov[IS_COMBINE_CB];
-#pragma unroll
-        for (int j = 0; j < IS_COMBINE_CB; ++j) {
-          const bool ok = w0 + j < S;
-          mv[j] = ok ? __ldcg(pm + 2 * (w0 + j)) : 0.f;
-          lv[j] = ok ? __ldcg(pm + 2 * (w0 + j) + 1) : 0.f;
-          ov[j] = ok ? __ldcg(po + (long long)(w0 + j) * H) : 0.f;
-        }
-#pragma unroll
-        for (int j = 0; j < IS_COMBINE_CB; ++j) {
-          if (w0 + j < S) {  // is_merge_parts' step, split w0 + j
-            const float a = exp2f(mv[j] - M);
-            L = __fmaf_rn(lv[j], a, L);
-            O = __fmaf_rn(ov[j], a, O);
-          }
-        }
-      }
-    }
-    is_store(y + ((b * N + h) * (long long)Sq + qi) * H + d, is_norm(O, L, is_recip(L)));
+    is_store(y + ((b * N + h) * (long long)Sq + qi) * H + d,
+             is_merge_batched(part_ml + row * S * 2, part_o + row * S * H + d, S, H));
   }
 }
 

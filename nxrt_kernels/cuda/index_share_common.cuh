@@ -293,6 +293,50 @@ __device__ __forceinline__ void is_finish_element(const float* part_o, const flo
   is_store(y + y_off, is_norm(O, L, is_recip(L)));
 }
 
+// One element's S split partials merged as is_finish_element merges them (the max of the m,
+// explicit FMAs in split order, times 1 / L: the same bits), with the loads batched: the
+// partials are independent loads, issued IS_MERGE_CB at a time ahead of their arithmetic,
+// two L2 round trips per IS_MERGE_CB splits (one for the max, one for the values) where
+// is_merge_parts' loop waits on ~3 S loads in turn (H200, 8 splits of 128 heads: is_combine
+// took ~7 us; NOTES, IndexShare round 20). pm: the (m, l) pairs of split 0 .. S - 1 (stride
+// 2); po: split 0's value (stride H). For is_combine and the ws build's IS_CMERGE merge. (A
+// template, so that a build that does not call it compiles to the same cubin as without it.)
+template <int IS_MERGE_CB = 8>
+__device__ __forceinline__ float is_merge_batched(const float* pm, const float* po, int S,
+                                                  int H) {
+  float M = is_neg_inf();
+  for (int w0 = 0; w0 < S; w0 += IS_MERGE_CB) {
+    float mv[IS_MERGE_CB];
+#pragma unroll
+    for (int j = 0; j < IS_MERGE_CB; ++j)
+      mv[j] = w0 + j < S ? __ldcg(pm + 2 * (w0 + j)) : is_neg_inf();
+#pragma unroll
+    for (int j = 0; j < IS_MERGE_CB; ++j) M = fmaxf(M, mv[j]);  // exact: order-free
+  }
+  float L = 0.f, O = 0.f;
+  if (M != is_neg_inf()) {
+    for (int w0 = 0; w0 < S; w0 += IS_MERGE_CB) {
+      float mv[IS_MERGE_CB], lv[IS_MERGE_CB], ov[IS_MERGE_CB];
+#pragma unroll
+      for (int j = 0; j < IS_MERGE_CB; ++j) {
+        const bool ok = w0 + j < S;
+        mv[j] = ok ? __ldcg(pm + 2 * (w0 + j)) : 0.f;
+        lv[j] = ok ? __ldcg(pm + 2 * (w0 + j) + 1) : 0.f;
+        ov[j] = ok ? __ldcg(po + (long long)(w0 + j) * H) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < IS_MERGE_CB; ++j) {
+        if (w0 + j < S) {  // is_merge_parts' step, split w0 + j
+          const float a = exp2f(mv[j] - M);
+          L = __fmaf_rn(lv[j], a, L);
+          O = __fmaf_rn(ov[j], a, O);
+        }
+      }
+    }
+  }
+  return is_norm(O, L, is_recip(L));
+}
+
 // Split-K arrival: every thread's partial stores are made device-wide visible, then one
 // thread counts the CTA in on the task's counter. True (in every thread of the CTA) for the
 // task's last CTA to arrive, which then reads the other splits' partials; the caller lets

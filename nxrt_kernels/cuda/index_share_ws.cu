@@ -59,7 +59,8 @@
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
 // IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER,
-// IS_XSPLIT (the split last P V, see there), and IS_TRACE (tools/trace_index_share.py
+// IS_XSPLIT (the split last P V, see there), IS_CMERGE (eight-CTA clusters, see there), and
+// IS_TRACE (tools/trace_index_share.py
 // only, IS_CLUSTER builds: %globaltimer and %clock64 stamps at the phase boundaries, 16 of
 // each per CTA, into the buffer passed as part_o, which the cluster build does not otherwise
 // use (none when it is null); the shipped builds compile it out), and IS_DIAG (the same
@@ -90,6 +91,16 @@
 #endif
 #ifndef IS_KT
 #define IS_KT 128
+#endif
+// IS_CMERGE (decode at small batches, index_share._ws_decode_split): eight splits per task,
+// one item per CTA, the task's eight CTAs a cluster; each writes its split partials, and
+// after a cluster barrier each finishes an eighth of the task's channels from the eight
+// partials in L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch.
+#ifndef IS_CMERGE
+#define IS_CMERGE 0
+#endif
+#if IS_CMERGE && (IS_CLUSTER || IS_Q2)
+#error "IS_CMERGE is the eight-split build: neither the two-CTA cluster nor IS_Q2"
 #endif
 #ifndef IS_TRACE
 #define IS_TRACE 0
@@ -305,6 +316,8 @@ __device__ __forceinline__ void ws_release(unsigned bar, int lane) {
 extern "C" __global__ void __launch_bounds__(NT, 1)
 #if IS_CLUSTER
     __cluster_dims__(2, 1, 1)
+#elif IS_CMERGE
+    __cluster_dims__(8, 1, 1)
 #endif
     is_attn_ws(IS_ATTN_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -327,6 +340,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #if IS_CLUSTER
     // One item per CTA, the two splits of a task in one cluster (uniform: both CTAs leave).
     refuse = refuse || S != 2 || (int)gridDim.x != items || (items & 1);
+#elif IS_CMERGE
+    // One item per CTA, the eight splits of a task in one cluster (uniform: all CTAs leave).
+    refuse = refuse || S != 8 || (int)gridDim.x != items;
 #endif
     if (refuse) {
       asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -362,6 +378,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
   auto item_at = [&](int r) {
     const int pair = (int)(blockIdx.x >> 1);
     return ((pair / U) * 2 + cl_rank) * U + pair % U + r * (int)gridDim.x;
+  };
+#elif IS_CMERGE
+  // Cluster rank = blockIdx.x % 8 = the split: item (task, s) of cluster blockIdx.x / 8.
+  const int cl_rank = (int)(blockIdx.x & 7u);
+  auto item_at = [&](int r) {
+    const int cl = (int)(blockIdx.x >> 3);
+    return ((cl / U) * 8 + cl_rank) * U + cl % U + r * (int)gridDim.x;
   };
 #else
   auto item_at = [&](int r) { return (int)blockIdx.x + r * (int)gridDim.x; };
@@ -998,7 +1021,25 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         }
       }
     }
-#if !IS_Q2
+#if IS_CMERGE
+    {
+      // Every CTA of the cluster has written its partials (each thread's stores are ordered
+      // before the barrier by its release arrive, the reads below after it by the acquire
+      // wait; the producer threads have left or leave without touching memory again): this
+      // CTA finishes channels HD / 8 rank .. of the task's rows from the 8 partials in L2.
+      nxrt::cluster_arrive_release();
+      nxrt::cluster_wait();
+      constexpr int CW = HD / 8;
+      const long long prow0 = is_prow(t.b, t.qi, Sq, N, t.h0, 8, 0);  // row h0, split 0
+      for (int e = ctid; e < t.nh * CW; e += 2 * NTP) {
+        const int r = e / CW, d = cl_rank * CW + e % CW;
+        const long long prow = prow0 + 8LL * r;
+        is_store(y + ((t.b * N + t.h0 + r) * (long long)Sq + t.qi) * HD + d,
+                 is_merge_batched(part_ml + 2 * prow, part_o + prow * HD + d, 8, HD));
+      }
+    }
+    (void)counters;
+#elif !IS_Q2
     if (S > 1 && counters)
       is_finish_if_last_v4_by<2 * NTP, HD>(counters, t.task, S, part_o, part_ml, y, t.b, t.qi, Sq,
                                            N, t.h0, t.nh, &s_flag, s_w, ctid,
