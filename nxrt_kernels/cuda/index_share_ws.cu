@@ -1026,16 +1026,57 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // Every CTA of the cluster has written its partials (each thread's stores are ordered
       // before the barrier by its release arrive, the reads below after it by the acquire
       // wait; the producer threads have left or leave without touching memory again): this
-      // CTA finishes channels HD / 8 rank .. of the task's rows from the 8 partials in L2.
+      // CTA finishes channels CW rank .. CW rank + CW - 1 of the task's rows from the 8
+      // partials in L2, a thread per (row, half of those channels): every load (8 (m, l)
+      // pairs, 8 x CT values) issued at once, one L2 round trip; then is_merge_batched's
+      // arithmetic (the weights once per row: the same values for every channel).
       nxrt::cluster_arrive_release();
       nxrt::cluster_wait();
-      constexpr int CW = HD / 8;
-      const long long prow0 = is_prow(t.b, t.qi, Sq, N, t.h0, 8, 0);  // row h0, split 0
-      for (int e = ctid; e < t.nh * CW; e += 2 * NTP) {
-        const int r = e / CW, d = cl_rank * CW + e % CW;
-        const long long prow = prow0 + 8LL * r;
-        is_store(y + ((t.b * N + t.h0 + r) * (long long)Sq + t.qi) * HD + d,
-                 is_merge_batched(part_ml + 2 * prow, part_o + prow * HD + d, 8, HD));
+      constexpr int CW = HD / 8, CT = CW / 2, NV = CT / 4;  // channels per CTA, thread; float4s
+      const int r = ctid >> 1;
+      if (r < t.nh) {
+        const int d0 = cl_rank * CW + (ctid & 1) * CT;
+        const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + r, 8, 0);  // split 0
+        float mv[8], lv[8];
+        float4 ov[8][NV];
+#pragma unroll
+        for (int sp = 0; sp < 8; ++sp) {
+          mv[sp] = __ldcg(part_ml + 2 * (prow + sp));
+          lv[sp] = __ldcg(part_ml + 2 * (prow + sp) + 1);
+#pragma unroll
+          for (int v = 0; v < NV; ++v)
+            ov[sp][v] = __ldcg(reinterpret_cast<const float4*>(part_o + (prow + sp) * HD + d0) + v);
+        }
+        float M = is_neg_inf();
+#pragma unroll
+        for (int sp = 0; sp < 8; ++sp) M = fmaxf(M, mv[sp]);
+        float L = 0.f, oc[CT];
+#pragma unroll
+        for (int c = 0; c < CT; ++c) oc[c] = 0.f;
+        if (M != is_neg_inf()) {
+#pragma unroll
+          for (int sp = 0; sp < 8; ++sp) {
+            const float a = exp2f(mv[sp] - M);
+            L = __fmaf_rn(lv[sp], a, L);
+#pragma unroll
+            for (int v = 0; v < NV; ++v) {
+              oc[4 * v] = __fmaf_rn(ov[sp][v].x, a, oc[4 * v]);
+              oc[4 * v + 1] = __fmaf_rn(ov[sp][v].y, a, oc[4 * v + 1]);
+              oc[4 * v + 2] = __fmaf_rn(ov[sp][v].z, a, oc[4 * v + 2]);
+              oc[4 * v + 3] = __fmaf_rn(ov[sp][v].w, a, oc[4 * v + 3]);
+            }
+          }
+        }
+        const float inv = is_recip(L);
+        unsigned pk[CT / 2];
+#pragma unroll
+        for (int c = 0; c < CT / 2; ++c)
+          pk[c] = is_pack2(is_norm(oc[2 * c], L, inv), is_norm(oc[2 * c + 1], L, inv));
+        is_t* yr = y + ((t.b * N + t.h0 + r) * (long long)Sq + t.qi) * HD + d0;
+        if constexpr (CT == 8)
+          *reinterpret_cast<uint4*>(yr) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+        else
+          *reinterpret_cast<uint2*>(yr) = make_uint2(pk[0], pk[1]);
       }
     }
     (void)counters;
