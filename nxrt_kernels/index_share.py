@@ -625,11 +625,14 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # resident at once; a larger grid would still be correct, in more than one wave.
         # Eight splits of one item per CTA (decode at small batches, _ws_decode_split): the
         # task's eight CTAs form a cluster and merge from their partials in L2 (IS_CMERGE).
+        # Up to half the SMs: GPCs hold whole clusters, and on the H200 sixteen clusters of
+        # eight did not all fit at once (B 16: 33 us against 24 with is_combine, round 20).
         ckt = kt if ws else _WS_KT  # (only ws plans define kt; the message below names bytes)
-        one_wave = tasks * splits <= min(sm_count, cap)
-        cluster_ok = bool(ws and one_wave and (
-            (splits == 2 and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
-            or (splits == 8 and ckt == _WS_KT)))
+        items = tasks * splits
+        cluster_ok = bool(ws and (
+            (splits == 2 and items <= min(sm_count, cap)
+             and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
+            or (splits == 8 and items <= min(sm_count, cap) // 2 and ckt == _WS_KT)))
         # ws with more than two splits: is_combine spreads the merge over the GPU, where
         # the last-arrival merge reads every partial on one SM (_ws_decode_split).
         merge = str(knobs.get("merge", "cluster" if cluster_ok else
@@ -638,10 +641,11 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
             raise KernelError(f"{OP}: merge={merge!r} must be 'last', 'kernel' or 'cluster'")
         if merge == "cluster" and not cluster_ok:
             raise KernelError(f"{OP}: merge='cluster' needs the warp-specialised build (ws=1), "
-                              f"two splits (and {_ws_smem(h, cps, 0, 1, ckt)} bytes of shared "
-                              f"memory) or eight (128-key tiles), and one work item per CTA (at "
-                              f"most {min(sm_count, cap)}); this plan has ws={ws}, {splits} "
-                              f"splits, {tasks * splits} items, a device limit of {smem_max}")
+                              f"two splits (one work item per CTA, at most {min(sm_count, cap)}, "
+                              f"and {_ws_smem(h, cps, 0, 1, ckt)} bytes of shared memory) or "
+                              f"eight (128-key tiles, one work item per CTA, at most "
+                              f"{min(sm_count, cap) // 2}); this plan has ws={ws}, {splits} "
+                              f"splits, {items} items, a device limit of {smem_max}")
         if merge == "cluster" and splits == 8:  # (the ws smem of its split plan, above)
             variant = _ws_variant(dt, h, 0, 8, kt)
         elif merge == "cluster":  # (ws: kt and its stages as chosen above)

@@ -928,6 +928,11 @@ def test_ws_decode_split(n):
         assert p.merge == merge and "IS_CMERGE" not in p.variant.defines and p.partials
     assert plan(_geom(n, b=20), 132, True, None, False, knobs={"splits": 8},
                 wg_arch=True).merge == "kernel"  # 160 items: more than one per CTA
+    assert plan(_geom(n, b=9), 132, True, None, False, knobs={"splits": 8},
+                wg_arch=True).merge == "kernel"  # 72 CTAs: more than half the SMs
+    with pytest.raises(KernelError, match="at most 66"):
+        plan(_geom(n, b=9), 132, True, None, False, knobs={"splits": 8, "merge": "cluster"},
+             wg_arch=True)
     with pytest.raises(KernelError, match="or eight"):
         plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 8, "merge": "cluster",
                                                          "kt": 64}, wg_arch=True)
@@ -1004,7 +1009,7 @@ def test_ws_plan_choice_grid_and_refusals():
             ({"q2": 1}, _geom(128, b=1, sq=4096, idt=DataType.INT64), "int32 indices"),
             ({"ws": 1}, _geom(128, k=9 * 2048), "at most 8 splits"),
             ({"merge": "cluster", "splits": 3}, _geom(128), "two splits .* or eight"),
-            ({"merge": "cluster", "ctas": 100}, _geom(128), "one work item per CTA"),
+            ({"merge": "cluster", "ctas": 100}, _geom(128), "one work item per CTA, at most 100"),
             ({"merge": "cluster", "ws": 0}, _geom(128), "needs the warp-specialised build"),
             ({"kt": 96}, _geom(128), "kt=96 must be one of"),
             ({"kt": 64, "ws": 0}, _geom(128), "kt applies to the warp-specialised build"),
