@@ -598,3 +598,32 @@ def test_bench_spread_refuses_a_row_twice() -> None:
         spread([{"rows": [row, dict(row)]}])
     got = spread([{"rows": [row]}], target=0.0)  # a target of 0 still counts
     assert got[0]["met"] == 1 and "1/1" in markdown(got, ["x"], 0.0)
+
+
+def test_bench_index_share_batch_plans() -> None:
+    """The small-batch bench's rows and pinned plans (pure: no GPU): the previous planner's
+    choices it compares against, and that today's planner picks otherwise for them."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import bench
+    import bench_index_share_batch as bb
+    from test_index_share_cpu import _geom
+
+    from nxrt_kernels import index_share
+
+    assert "index_share_batch" in bench.BENCHES
+    assert [(c["n"], c["b"]) for c in bb.cases(True)] == [(64, 1), (64, 8)]
+    full = bb.cases(False)
+    assert len(full) == 12 and {c["b"] for c in full} == set(bb.BATCHES)
+    assert all((c["kind"], c["sq"], c["nkv"], c["cache"]) == ("decode", 1, 1, 8192) for c in full)
+    assert bb.previous_plan(64, 8, 132) == {"path": "wg", "ws": 0}
+    assert bb.previous_plan(128, 1, 132) == {"path": "wg", "ws": 1, "splits": 8, "merge": "last"}
+    assert bb.previous_plan(128, 32, 132)["splits"] == 4
+    for c in full:
+        new = index_share._plan(_geom(c["n"], b=c["b"]), 132, True, None, False, wg_arch=True)
+        knobs = dict(bb.previous_plan(c["n"], c["b"], 132))
+        path = knobs.pop("path")
+        old = index_share._plan(_geom(c["n"], b=c["b"]), 132, True, path, False, knobs=knobs,
+                                wg_arch=True)
+        assert (new.splits, new.merge) != (old.splits, old.merge), c
+        assert new.merge == "cluster" and old.merge == "last", (new, old)

@@ -10,7 +10,7 @@ N in {64, 128}, B in {1, 2, 4, 8, 16, 32} (``--quick``: N 64, B 1 and 8). Per ro
 - ours, the planner's default, one call per graph, against the torch gather + SDPA peer;
 - the same call against two pinned plans in the same process: the two-CTA cluster split of
   the B 64 rows (``splits=2, merge="cluster"``) and the plan the planner took before round
-  20 (``PREVIOUS``): the ratio is the pinned plan's time over the default's;
+  20 (:func:`previous_plan`): the ratio is the pinned plan's time over the default's;
 - ours, 8 calls in one graph, against the peer's 8 calls in one torch graph.
 
 No sustained-state sampling here: these are latency rows, far from the board's power cap.
