@@ -53,10 +53,11 @@ the two splits of a task as a two-CTA cluster instead (``merge="cluster"``, the 
 there): each CTA sends its partner half of its unnormalised output through distributed
 shared memory and finishes the other half, with the last-arrival merge's arithmetic (the
 same bits), and no split partials or counters in global memory. Decode rows of up to half
-the SMs take eight splits of two tiles per task instead, as eight-CTA clusters: each CTA
-writes its partials, and after a cluster barrier finishes an eighth of the task's channels
-from the eight partials in L2 (``merge="cluster"`` with ``splits=8``; the planner's rule
-for decode is ``_ws_decode_split``, measured in NOTES, IndexShare round 20).
+the SMs take eight splits of two tiles per task instead (or four, at up to twice the rows),
+as eight- (four-) CTA clusters: each CTA writes its partials, and after a cluster barrier
+finishes its share of the task's channels from the partials in L2 (``merge="cluster"``
+with ``splits`` 4 or 8; the planner's rule for decode is ``_ws_decode_split``, measured in
+NOTES, IndexShare round 20).
 Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
 and the plan depends only on shapes and the device.
 """
@@ -191,15 +192,15 @@ def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
 
 
 def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = _WS_KT) -> Variant:
-    """The ws build; ``cluster`` 2 (or 1): the two-CTA cluster merge, 8: the eight-CTA one
-    (IS_CMERGE)."""
+    """The ws build; ``cluster`` 2 (or 1): the two-CTA cluster merge, 4 or 8: the four- or
+    eight-CTA one (IS_CMERGE)."""
     defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": _ws_nst(hd, kt)}
     if kt != _WS_KT:
         defines["IS_KT"] = kt
     if q2:
         defines["IS_Q2"] = 1
-    if cluster == 8:
-        defines["IS_CMERGE"] = 1
+    if cluster in (4, 8):
+        defines["IS_CMERGE"] = cluster
     elif cluster:
         defines["IS_CLUSTER"] = 1
     return Variant("index_share_ws.cu", ("is_attn_ws",), defines, min_arch=90, arch_suffix="a")
@@ -223,7 +224,7 @@ def compile_variants() -> list[Variant]:
         out += [_wg_variant(dt, hd, *WG_QREG_LAYOUT, 0, 1, 3) for hd in (64, 128)]
         out += [_ws_variant(dt, hd, q2, cl) for hd in (64, 128) for q2, cl in ((0, 0), (1, 0), (0, 1))]
         out.append(_ws_variant(dt, 128, 0, 1, 64))  # the cluster build at knob kt 64 (WS_KTS)
-        out += [_ws_variant(dt, hd, 0, 8) for hd in (64, 128)]  # eight-CTA clusters
+        out += [_ws_variant(dt, hd, 0, c) for hd in (64, 128) for c in (4, 8)]  # IS_CMERGE
     return out
 
 
@@ -253,7 +254,7 @@ class _Plan:
     per_sm: int  # CTAs per SM the plan was sized for
     merge: str  # "none" (one split) | "last" (the task's last CTA) | "kernel" (is_combine)
     #             | "cluster" (ws, one item per CTA: two-CTA clusters through distributed
-    #               shared memory, or eight-CTA clusters through the partials in L2)
+    #               shared memory, or four- or eight-CTA ones through the partials in L2)
     smem: int
     grid: int
     part_o_off: int
@@ -372,14 +373,18 @@ def _ws_decode_split(tasks: int, width: int, sm_count: int) -> tuple[int, str] |
     a split's cost is its rows (a CTA gathers at a fixed rate whatever the load) plus its
     merge, and the last-arrival merge reads every partial on one SM (8 x 64 KB at 128
     heads: ~15 us). So: up to half the SMs busy, up to eight splits of >= 2 tiles each,
-    eight as eight-CTA clusters that merge from their partials in L2 (IS_CMERGE), four to
-    seven by ``is_combine`` over the whole GPU; else two splits per task as two-CTA
-    clusters while they fit in one wave (B <= 66 at one kv head); else None (the wave model).
+    four or eight as four- or eight-CTA clusters that merge from their partials in L2
+    (IS_CMERGE), five to seven by ``is_combine`` over the whole GPU; else, still up to half
+    the SMs, four splits as four-CTA clusters (B 9-16 at 2048 keys); else two splits per task
+    as two-CTA clusters while they fit in one wave (B <= 66 at one kv head); else None (the
+    wave model).
     """
     ntiles = -(-width // _WS_KT)
     wide = min(WS_MAX_SPLITS, ntiles // 2)
     if wide >= 4 and tasks * wide <= sm_count // 2:
-        return wide, "cluster" if wide == 8 else "kernel"
+        return wide, "cluster" if wide in (4, 8) else "kernel"
+    if wide >= 4 and tasks * 4 <= sm_count // 2:
+        return 4, "cluster"
     if ntiles >= 2 and tasks * 2 <= sm_count:
         return 2, "cluster"
     return None
@@ -623,16 +628,16 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # cluster and merge through distributed shared memory (no partials, no counter).
         # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
         # resident at once; a larger grid would still be correct, in more than one wave.
-        # Eight splits of one item per CTA (decode at small batches, _ws_decode_split): the
-        # task's eight CTAs form a cluster and merge from their partials in L2 (IS_CMERGE).
-        # Up to half the SMs: GPCs hold whole clusters, and on the H200 sixteen clusters of
+        # Four or eight splits of one item per CTA (decode at small batches, _ws_decode_split):
+        # the task's CTAs form a cluster and merge from their partials in L2 (IS_CMERGE). Up
+        # to half the SMs: GPCs hold whole clusters, and on the H200 sixteen clusters of
         # eight did not all fit at once (B 16: 33 us against 24 with is_combine, round 20).
         ckt = kt if ws else _WS_KT  # (only ws plans define kt; the message below names bytes)
         items = tasks * splits
         cluster_ok = bool(ws and (
             (splits == 2 and items <= min(sm_count, cap)
              and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
-            or (splits == 8 and items <= min(sm_count, cap) // 2 and ckt == _WS_KT)))
+            or (splits in (4, 8) and items <= min(sm_count, cap) // 2 and ckt == _WS_KT)))
         # ws with more than two splits: is_combine spreads the merge over the GPU, where
         # the last-arrival merge reads every partial on one SM (_ws_decode_split).
         merge = str(knobs.get("merge", "cluster" if cluster_ok else
@@ -643,11 +648,11 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
             raise KernelError(f"{OP}: merge='cluster' needs the warp-specialised build (ws=1), "
                               f"two splits (one work item per CTA, at most {min(sm_count, cap)}, "
                               f"and {_ws_smem(h, cps, 0, 1, ckt)} bytes of shared memory) or "
-                              f"eight (128-key tiles, one work item per CTA, at most "
+                              f"four or eight (128-key tiles, one work item per CTA, at most "
                               f"{min(sm_count, cap) // 2}); this plan has ws={ws}, {splits} "
                               f"splits, {items} items, a device limit of {smem_max}")
-        if merge == "cluster" and splits == 8:  # (the ws smem of its split plan, above)
-            variant = _ws_variant(dt, h, 0, 8, kt)
+        if merge == "cluster" and splits in (4, 8):  # (the ws smem of its split plan, above)
+            variant = _ws_variant(dt, h, 0, splits, kt)
         elif merge == "cluster":  # (ws: kt and its stages as chosen above)
             variant = _ws_variant(dt, h, 0, 1, kt)
             smem = _ws_smem(h, cps, 0, 1, kt)

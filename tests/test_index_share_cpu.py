@@ -888,18 +888,24 @@ def test_wg_plan_choice_and_layouts():
 def test_ws_decode_split(n):
     """Decode rows with at most 66 tasks (132 SMs) take the warp-specialised build with one
     item per CTA (NOTES, IndexShare round 20): up to half the SMs, eight splits of two tiles
-    as eight-CTA clusters merging from their partials in L2 (IS_CMERGE; fewer keys: four to
-    seven splits merged by is_combine); else two splits per task as two-CTA clusters; past
-    one wave of clusters, the wave model (and for 64 heads the barrier-coupled build)."""
+    as eight-CTA clusters merging from their partials in L2 (IS_CMERGE; fewer keys: five to
+    seven splits merged by is_combine, four as four-CTA clusters), else four splits as
+    four-CTA clusters; else two splits per task as two-CTA clusters; past one wave of
+    clusters, the wave model (and for 64 heads the barrier-coupled build)."""
     plan = index_share._plan
     for b in (1, 3, 8):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 8, "cluster",
                                                                 8 * b, 256), (b, p)
-        assert p.variant.defines["IS_CMERGE"] == 1 and "IS_CLUSTER" not in p.variant.defines
+        assert p.variant.defines["IS_CMERGE"] == 8 and "IS_CLUSTER" not in p.variant.defines
         # Partials, no split counters; the shared memory of the plain ws build.
         assert p.partials and p.nbytes == p.valid_off and p.smem == index_share._ws_smem(128, 256)
-    for b in (9, 16, 33, 64, 66):
+    for b in (9, 16):
+        p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
+        assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 4, "cluster",
+                                                                4 * b, 512), (b, p)
+        assert p.variant.defines["IS_CMERGE"] == 4 and p.partials, p
+    for b in (17, 33, 64, 66):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid) == ("is_attn_ws", 2, "cluster", 2 * b), (b, p)
     p = plan(_geom(n, b=67), 132, True, None, False, wg_arch=True)
@@ -907,21 +913,25 @@ def test_ws_decode_split(n):
     # The rule in tasks: two 128-head blocks per row (N 256) count twice; two index rows
     # per batch row (Sq 2) too; the ctas knob caps the SMs it may use.
     assert plan(_geom(256, b=4), 132, True, None, False, wg_arch=True).splits == 8
-    assert plan(_geom(256, b=5), 132, True, None, False, wg_arch=True).merge == "cluster"
+    assert plan(_geom(256, b=5), 132, True, None, False, wg_arch=True).splits == 4
+    assert plan(_geom(256, b=9), 132, True, None, False, wg_arch=True).splits == 2
     assert plan(_geom(n, b=4, sq=2), 132, True, None, False, wg_arch=True).splits == 8
     p = plan(_geom(n, b=8), 132, True, None, False, knobs={"ctas": 64}, wg_arch=True)
-    assert (p.splits, p.merge, p.grid) == (2, "cluster", 16)
+    assert (p.splits, p.merge, p.grid) == (4, "cluster", 32)
     # Fewer keys: splits of at least two tiles (4 or more merged by is_combine), else two.
-    for k, splits, merge in ((4096, 8, "cluster"), (1500, 6, "kernel"), (1024, 4, "kernel"),
+    for k, splits, merge in ((4096, 8, "cluster"), (1500, 6, "kernel"), (1024, 4, "cluster"),
                              (512, 2, "cluster"), (200, 2, "cluster")):
         p = plan(_geom(n, b=1, k=k), 132, True, None, False, wg_arch=True)
         assert (p.splits, p.merge) == (splits, merge), (k, p)
     p = plan(_geom(n, b=1, k=64), 132, True, None, False, wg_arch=True)
     assert p.splits == 1 and p.merge == "none"
-    # Pinned splits above two default to is_combine (eight: the eight-CTA clusters while
-    # they fit); the other merges stay knobs, and eight-CTA clusters need 128-key tiles.
-    assert plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 4},
+    # Pinned splits above two default to is_combine (four or eight: the four- or eight-CTA
+    # clusters while they fit); the other merges stay knobs, and those clusters need
+    # 128-key tiles.
+    assert plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 6},
                 wg_arch=True).merge == "kernel"
+    assert plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 4},
+                wg_arch=True).merge == "cluster"
     for merge in ("last", "kernel"):
         p = plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 8, "merge": merge},
                  wg_arch=True)
@@ -938,8 +948,10 @@ def test_ws_decode_split(n):
                                                          "kt": 64}, wg_arch=True)
     # The helper alone.
     assert index_share._ws_decode_split(8, 2048, 132) == (8, "cluster")
-    assert index_share._ws_decode_split(8, 1024, 132) == (4, "kernel")
-    assert index_share._ws_decode_split(9, 2048, 132) == (2, "cluster")
+    assert index_share._ws_decode_split(8, 1024, 132) == (4, "cluster")
+    assert index_share._ws_decode_split(16, 2048, 132) == (4, "cluster")
+    assert index_share._ws_decode_split(17, 2048, 132) == (2, "cluster")
+    assert index_share._ws_decode_split(9, 2048, 132) == (4, "cluster")
     assert index_share._ws_decode_split(67, 2048, 132) is None
     assert index_share._ws_decode_split(1, 128, 132) is None
 
@@ -1076,13 +1088,13 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
 
 
 @pytest.mark.parametrize("n,path,want,b,knobs", [
-    (128, None, True, 4, None), (128, None, True, 4, {"splits": 4}),
-    (128, None, True, 16, {"splits": 4}), (128, "mma", False, 4, None), (8, None, False, 4, None)])
+    (128, None, True, 4, None), (128, None, True, 4, {"splits": 6}),
+    (128, None, True, 16, {"splits": 6}), (128, "mma", False, 4, None), (8, None, False, 4, None)])
 def test_programmatic_launch_only_for_the_ws_build(n, path, want, b, knobs):
     """The warp-specialised build (which waits on ``griddepcontrol`` before it touches
     global memory) launches with programmatic dependent launch, and so does the is_combine
     after it (which waits likewise) where the ws grid leaves three quarters of the SMs free
-    (4 splits of B 4: 16 CTAs; of B 16: 64, an ordinary launch); no other kernel does. (B 4
+    (6 splits of B 4: 24 CTAs; of B 16: 96, an ordinary launch); no other kernel does. (B 4
     by default: eight-CTA clusters, no is_combine.)"""
     from tests._fakes import FakeRuntime
 
@@ -1105,7 +1117,7 @@ def test_programmatic_launch_only_for_the_ws_build(n, path, want, b, knobs):
     attn = [x for x in rt.launches if x.name.startswith("is_attn")]
     assert len(attn) == 1 and (attn[0].name == "is_attn_ws") == want, rt.names()
     ws_grid = kern.last_plan.grid if want else 0
-    if want:  # eight splits in eight-CTA clusters, or the pinned four and is_combine
+    if want:  # eight splits in eight-CTA clusters, or the pinned six and is_combine
         splits = (knobs or {}).get("splits", 8)
         assert ws_grid == splits * b and kern.last_plan.merge == (
             "kernel" if knobs else "cluster"), kern.last_plan

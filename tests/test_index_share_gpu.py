@@ -208,8 +208,9 @@ def kern_violation(kern, views, outs):
 
 @pytest.mark.parametrize("n,knobs", [(16, None), (64, None), (128, {"ws": 1, "ctas": 2}),
                                      (128, {"ws": 1, "splits": 2, "merge": "cluster"}),
-                                     (128, {"ws": 1, "splits": 8, "merge": "cluster"})],
-                         ids=["mma", "wg", "ws", "ws-cluster", "ws-cluster8"])
+                                     (128, {"ws": 1, "splits": 8, "merge": "cluster"}),
+                                     (128, {"ws": 1, "splits": 4, "merge": "cluster"})],
+                         ids=["mma", "wg", "ws", "ws-cluster", "ws-cluster8", "ws-cluster4"])
 @pytest.mark.parametrize("mode", ["none", "capacity"])
 def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n, knobs):
     # ws-cluster: two splits of 128 columns (the cluster merge needs two); ws-cluster8: eight.
@@ -435,7 +436,9 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              # merging from their partials in L2, is_combine (launched programmatically at
              # these grids) and the last-arrival merge, the same bits.
              {"ws": 1, "splits": 8}, {"ws": 1, "splits": 8, "merge": "kernel"},
-             {"ws": 1, "splits": 8, "merge": "last"}]
+             {"ws": 1, "splits": 8, "merge": "last"},
+             # Four splits: four-CTA clusters (their default) and is_combine, the same bits.
+             {"ws": 1, "splits": 4}, {"ws": 1, "splits": 4, "merge": "kernel"}]
     try:
         kern.plan_override = None
         run(rt, kern, views, [y])
@@ -461,22 +464,23 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
 @pytest.mark.parametrize("size", [(4, 3000, 2048), (2, 700, 320)], ids=["k2048", "k320"])
 @pytest.mark.parametrize("knobs", [{"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"},
                                    {"ws": 1, "splits": 4, "merge": "kernel"},
-                                   {"ws": 1, "splits": 8, "merge": "cluster"}],
-                         ids=["ws-cluster", "ws-last", "ws-combine", "ws-cluster8"])
+                                   {"ws": 1, "splits": 8, "merge": "cluster"},
+                                   {"ws": 1, "splits": 4, "merge": "cluster"}],
+                         ids=["ws-cluster", "ws-last", "ws-combine", "ws-cluster8", "ws-cluster4"])
 def test_chained_calls_in_one_graph(rt, ledger, rng, knobs, size):
     """Three warp-specialised calls captured in one graph, each reading the previous one's
     output as its query and the last overwriting the first one's query (the ws build is
     launched with programmatic dependent launch, and so is is_combine after it at small
     grids (``ws-combine``): a read-after-write and a write-after-read across its graph
-    edges; ``ws-cluster8``: eight-CTA clusters merging from their partials in L2). The replay
+    edges; ``ws-cluster8``/``4``: clusters merging from their partials in L2). The replay
     equals the eager sequence bitwise,
     and the first call matches the reference. ``k320`` (160 keys per split: one whole tile
     and one padded one per CTA) is the size racecheck can finish (tools/sanitize.sh)."""
     if not _wg_device(rt):
         pytest.skip("the warp-specialised build needs an sm_90 device")
     (b, past, k), n = size, 128
-    if knobs["splits"] == 8 and k < 8 * 128:
-        pytest.skip("eight splits need at least eight 128-key tiles")
+    if knobs["splits"] in (4, 8) and knobs.get("merge") == "cluster" and k < knobs["splits"] * 128:
+        pytest.skip("four- or eight-CTA clusters need a 128-key tile per split")
     ins = case(rng, dtype=BF16, b=b, n=n, nkv=1, sq=1, cur=1, past=past, h=128, k=k, hi=1,
                bias=None, idt=np.int32, mode="none")
     nd = make_node(n, 1)

@@ -126,9 +126,10 @@ def test_trace_index_share_cps_hook() -> None:
         hooks.cps = 1280  # 232832 bytes of shared memory at head size 128: over 227 KiB
         with pytest.raises(ValueError, match="232832 bytes"):
             index_share._plan(g, 132, True, "wg", False, wg_arch=True)
-        hooks.cps = 1152  # a plan without the cluster merge: refused, not silently ignored
-        with pytest.raises(ValueError, match="decode cluster plan"):
-            index_share._plan(_geom(128, b=1), 132, True, "wg", False, wg_arch=True)
+        hooks.cps = 1152  # a plan without the two-CTA merge: refused, not silently ignored
+        for b in (1, 100):  # eight-CTA clusters; one split
+            with pytest.raises(ValueError, match="two-CTA decode cluster plan"):
+                index_share._plan(_geom(128, b=b), 132, True, "wg", False, wg_arch=True)
     finally:
         index_share._plan, index_share._ws_variant, _common.get_function = saved
 

@@ -166,9 +166,9 @@ class _Hooks:
             p = orig_plan(g, *a, **k)
             if self.cps is None:
                 return p
-            if p.merge != "cluster":
-                raise ValueError(f"cps={self.cps}: applies to the decode cluster plan; this "
-                                 f"plan merges {p.merge!r}")
+            if p.merge != "cluster" or p.splits != 2:
+                raise ValueError(f"cps={self.cps}: applies to the two-CTA decode cluster plan; "
+                                 f"this plan merges {p.merge!r} over {p.splits} splits")
             kt = p.knobs.get("kt") or index_share._WS_KT
             # Two splits: split 0 takes cps columns, split 1 the other width - cps (the
             # kernel gives a split at most cps columns, so cps below half would drop keys).

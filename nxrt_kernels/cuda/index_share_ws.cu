@@ -59,7 +59,7 @@
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
 // IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER,
-// IS_XSPLIT (the split last P V, see there), IS_CMERGE (eight-CTA clusters, see there), and
+// IS_XSPLIT (the split last P V, see there), IS_CMERGE (four- or eight-CTA clusters, see there), and
 // IS_TRACE (tools/trace_index_share.py
 // only, IS_CLUSTER builds: %globaltimer and %clock64 stamps at the phase boundaries, 16 of
 // each per CTA, into the buffer passed as part_o, which the cluster build does not otherwise
@@ -92,15 +92,15 @@
 #ifndef IS_KT
 #define IS_KT 128
 #endif
-// IS_CMERGE (decode at small batches, index_share._ws_decode_split): eight splits per task,
-// one item per CTA, the task's eight CTAs a cluster; each writes its split partials, and
-// after a cluster barrier each finishes an eighth of the task's channels from the eight
-// partials in L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch.
+// IS_CMERGE = C, 4 or 8 (decode at small batches, index_share._ws_decode_split): C splits per
+// task, one item per CTA, the task's C CTAs a cluster; each writes its split partials, and
+// after a cluster barrier each finishes 1 / C of the task's channels from the C partials in
+// L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch.
 #ifndef IS_CMERGE
 #define IS_CMERGE 0
 #endif
-#if IS_CMERGE && (IS_CLUSTER || IS_Q2)
-#error "IS_CMERGE is the eight-split build: neither the two-CTA cluster nor IS_Q2"
+#if IS_CMERGE && (IS_CLUSTER || IS_Q2 || (IS_CMERGE != 4 && IS_CMERGE != 8))
+#error "IS_CMERGE is 4 or 8 (the cluster's CTAs = splits), without IS_CLUSTER or IS_Q2"
 #endif
 #ifndef IS_TRACE
 #define IS_TRACE 0
@@ -317,7 +317,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #if IS_CLUSTER
     __cluster_dims__(2, 1, 1)
 #elif IS_CMERGE
-    __cluster_dims__(8, 1, 1)
+    __cluster_dims__(IS_CMERGE, 1, 1)
 #endif
     is_attn_ws(IS_ATTN_PARAMS) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -341,8 +341,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // One item per CTA, the two splits of a task in one cluster (uniform: both CTAs leave).
     refuse = refuse || S != 2 || (int)gridDim.x != items || (items & 1);
 #elif IS_CMERGE
-    // One item per CTA, the eight splits of a task in one cluster (uniform: all CTAs leave).
-    refuse = refuse || S != 8 || (int)gridDim.x != items;
+    // One item per CTA, the splits of a task in one cluster (uniform: all CTAs leave).
+    refuse = refuse || S != IS_CMERGE || (int)gridDim.x != items;
 #endif
     if (refuse) {
       asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -380,11 +380,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     return ((pair / U) * 2 + cl_rank) * U + pair % U + r * (int)gridDim.x;
   };
 #elif IS_CMERGE
-  // Cluster rank = blockIdx.x % 8 = the split: item (task, s) of cluster blockIdx.x / 8.
-  const int cl_rank = (int)(blockIdx.x & 7u);
+  // Cluster rank = blockIdx.x % C = the split: item (task, s) of cluster blockIdx.x / C.
+  const int cl_rank = (int)(blockIdx.x % IS_CMERGE);
   auto item_at = [&](int r) {
-    const int cl = (int)(blockIdx.x >> 3);
-    return ((cl / U) * 8 + cl_rank) * U + cl % U + r * (int)gridDim.x;
+    const int cl = (int)(blockIdx.x / IS_CMERGE);
+    return ((cl / U) * IS_CMERGE + cl_rank) * U + cl % U + r * (int)gridDim.x;
   };
 #else
   auto item_at = [&](int r) { return (int)blockIdx.x + r * (int)gridDim.x; };
@@ -1026,21 +1026,22 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // Every CTA of the cluster has written its partials (each thread's stores are ordered
       // before the barrier by its release arrive, the reads below after it by the acquire
       // wait; the producer threads have left or leave without touching memory again): this
-      // CTA finishes channels CW rank .. CW rank + CW - 1 of the task's rows from the 8
-      // partials in L2, a thread per (row, half of those channels): every load (8 (m, l)
-      // pairs, 8 x CT values) issued at once, one L2 round trip; then is_merge_batched's
+      // CTA finishes channels CW rank .. CW rank + CW - 1 of the task's rows from the C
+      // partials in L2, a thread per (row, half of those channels): every load (C (m, l)
+      // pairs, C x CT values) issued at once, one L2 round trip; then is_merge_batched's
       // arithmetic (the weights once per row: the same values for every channel).
       nxrt::cluster_arrive_release();
       nxrt::cluster_wait();
-      constexpr int CW = HD / 8, CT = CW / 2, NV = CT / 4;  // channels per CTA, thread; float4s
+      constexpr int C = IS_CMERGE;
+      constexpr int CW = HD / C, CT = CW / 2, NV = CT / 4;  // channels per CTA, thread; float4s
       const int r = ctid >> 1;
       if (r < t.nh) {
         const int d0 = cl_rank * CW + (ctid & 1) * CT;
-        const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + r, 8, 0);  // split 0
-        float mv[8], lv[8];
-        float4 ov[8][NV];
+        const long long prow = is_prow(t.b, t.qi, Sq, N, t.h0 + r, C, 0);  // split 0
+        float mv[C], lv[C];
+        float4 ov[C][NV];
 #pragma unroll
-        for (int sp = 0; sp < 8; ++sp) {
+        for (int sp = 0; sp < C; ++sp) {
           mv[sp] = __ldcg(part_ml + 2 * (prow + sp));
           lv[sp] = __ldcg(part_ml + 2 * (prow + sp) + 1);
 #pragma unroll
@@ -1049,13 +1050,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         }
         float M = is_neg_inf();
 #pragma unroll
-        for (int sp = 0; sp < 8; ++sp) M = fmaxf(M, mv[sp]);
+        for (int sp = 0; sp < C; ++sp) M = fmaxf(M, mv[sp]);
         float L = 0.f, oc[CT];
 #pragma unroll
         for (int c = 0; c < CT; ++c) oc[c] = 0.f;
         if (M != is_neg_inf()) {
 #pragma unroll
-          for (int sp = 0; sp < 8; ++sp) {
+          for (int sp = 0; sp < C; ++sp) {
             const float a = exp2f(mv[sp] - M);
             L = __fmaf_rn(lv[sp], a, L);
 #pragma unroll
@@ -1073,10 +1074,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int c = 0; c < CT / 2; ++c)
           pk[c] = is_pack2(is_norm(oc[2 * c], L, inv), is_norm(oc[2 * c + 1], L, inv));
         is_t* yr = y + ((t.b * N + t.h0 + r) * (long long)Sq + t.qi) * HD + d0;
-        if constexpr (CT == 8)
-          *reinterpret_cast<uint4*>(yr) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-        else
+        if constexpr (CT >= 8) {
+#pragma unroll
+          for (int u = 0; u < CT / 8; ++u)
+            reinterpret_cast<uint4*>(yr)[u] =
+                make_uint4(pk[4 * u], pk[4 * u + 1], pk[4 * u + 2], pk[4 * u + 3]);
+        } else {
           *reinterpret_cast<uint2*>(yr) = make_uint2(pk[0], pk[1]);
+        }
       }
     }
     (void)counters;
