@@ -59,11 +59,11 @@
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
 // IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER,
-// IS_XSPLIT (the split last P V, see there), IS_CMERGE (four- or eight-CTA clusters, see there), and
-// IS_TRACE (tools/trace_index_share.py
-// only, IS_CLUSTER builds: %globaltimer and %clock64 stamps at the phase boundaries, 16 of
-// each per CTA, into the buffer passed as part_o, which the cluster build does not otherwise
-// use (none when it is null); the shipped builds compile it out), and IS_DIAG (the same
+// IS_XSPLIT (the split last P V, see there), IS_CMERGE (four- or eight-CTA clusters, see
+// there), and IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer
+// and %clock64 stamps at the phase boundaries, 16 of each per CTA, into the buffer passed as
+// part_o, which the cluster build does not otherwise use (none when it is null); the shipped
+// builds compile it out), and IS_DIAG (the same
 // tool only, IS_CLUSTER builds, timing-only diagnostics whose outputs are garbage: 1, the
 // consumers only wait for and release every slot, no math, no merge, no stores; 2, the producer
 // gathers only half of every tile's rows (the even passes), the rest of the slot stale; so a
