@@ -366,27 +366,32 @@ def _choose_splits(tasks: int, width: int, col_align: int, max_cps: int, slots: 
     return best
 
 
-def _ws_decode_split(tasks: int, width: int, sm_count: int) -> tuple[int, str] | None:
+def _ws_decode_split(tasks: int, width: int, sm_count: int,
+                     cap: int | None = None) -> tuple[int, str] | None:
     """(splits, merge) of a warp-specialised decode plan with one item per CTA, or None.
 
     Measured on the H200 (NOTES, IndexShare round 20; top-k 2048, 64 and 128 heads, B 1-64):
     a split's cost is its rows (a CTA gathers at a fixed rate whatever the load) plus its
     merge, and the last-arrival merge reads every partial on one SM (8 x 64 KB at 128
-    heads: ~15 us). So: up to half the SMs busy, up to eight splits of >= 2 tiles each,
-    four or eight as four- or eight-CTA clusters that merge from their partials in L2
-    (IS_CMERGE), five to seven by ``is_combine`` over the whole GPU; else, still up to half
-    the SMs, four splits as four-CTA clusters (B 9-16 at 2048 keys); else two splits per task
-    as two-CTA clusters while they fit in one wave (B <= 66 at one kv head); else None (the
-    wave model).
+    heads: ~15 us). So, the first that applies: up to half the SMs busy, up to eight splits
+    of >= 2 tiles each, four or eight as four- or eight-CTA clusters that merge from their
+    partials in L2 (IS_CMERGE), five to seven by ``is_combine`` over the whole GPU; four
+    splits as four-CTA clusters, up to half the SMs (B 9-16 at 2048 keys); two splits per
+    task as two-CTA clusters while they fit in one wave (B <= 66 at one kv head); else None
+    (the wave model). A split count counts only where the plan's 128-key column split comes
+    out at exactly that many; ``cap`` (the ctas knob) caps the CTAs as it caps the grid.
     """
+    cap = sm_count if cap is None else cap
     ntiles = -(-width // _WS_KT)
+
+    def exact(s: int) -> bool:  # _plan's cps rounding gives s splits
+        cps = min(_round_up(-(-width // s), _WS_KT), 2048)
+        return -(-width // cps) == s
+
     wide = min(WS_MAX_SPLITS, ntiles // 2)
-    if wide >= 4 and tasks * wide <= sm_count // 2:
-        return wide, "cluster" if wide in (4, 8) else "kernel"
-    if wide >= 4 and tasks * 4 <= sm_count // 2:
-        return 4, "cluster"
-    if ntiles >= 2 and tasks * 2 <= sm_count:
-        return 2, "cluster"
+    for s, bound in ((wide, sm_count // 2), (4, sm_count // 2), (2, sm_count)):
+        if (s >= 4 or (s == 2 and ntiles >= 2)) and tasks * s <= min(bound, cap) and exact(s):
+            return s, "cluster" if s in (2, 4, 8) else "kernel"
     return None
 
 
@@ -569,7 +574,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     units = g.kv_heads * hbk if shared else g.heads
     tasks = g.batch * g.q_len * units
     # A warp-specialised decode plan (measured rule; the ctas knob caps the CTAs it may use).
-    dec = (_ws_decode_split(tasks, g.width, min(sm_count, max(1, int(knobs.get("ctas", sm_count)))))
+    dec = (_ws_decode_split(tasks, g.width, sm_count, max(1, int(knobs.get("ctas", sm_count))))
            if ws and not many else None)
     if "splits" in knobs:
         # The tensor-core finish keeps nh x (splits + 1) weights in the ring: at most 32.
@@ -634,14 +639,14 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # eight did not all fit at once (B 16: 33 us against 24 with is_combine, round 20).
         ckt = kt if ws else _WS_KT  # (only ws plans define kt; the message below names bytes)
         items = tasks * splits
-        cluster_ok = bool(ws and (
-            (splits == 2 and items <= min(sm_count, cap)
-             and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
-            or (splits in (4, 8) and items <= min(sm_count, cap) // 2 and ckt == _WS_KT)))
-        # ws with more than two splits: is_combine spreads the merge over the GPU, where
-        # the last-arrival merge reads every partial on one SM (_ws_decode_split).
+        cluster_ok = bool(ws and items <= min(sm_count, cap) and (
+            (splits == 2 and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
+            or (splits in (4, 8) and items <= sm_count // 2 and ckt == _WS_KT)))
+        # ws decode with more than two splits: is_combine spreads the merge over the GPU,
+        # where the last-arrival merge reads every partial on one SM (_ws_decode_split;
+        # prefill rows, many and not measured that way, keep the last-arrival merge).
         merge = str(knobs.get("merge", "cluster" if cluster_ok else
-                              "kernel" if ws and splits > 2 else "last"))
+                              "kernel" if ws and splits > 2 and not many else "last"))
         if merge not in ("last", "kernel", "cluster"):
             raise KernelError(f"{OP}: merge={merge!r} must be 'last', 'kernel' or 'cluster'")
         if merge == "cluster" and not cluster_ok:
@@ -649,7 +654,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                               f"two splits (one work item per CTA, at most {min(sm_count, cap)}, "
                               f"and {_ws_smem(h, cps, 0, 1, ckt)} bytes of shared memory) or "
                               f"four or eight (128-key tiles, one work item per CTA, at most "
-                              f"{min(sm_count, cap) // 2}); this plan has ws={ws}, {splits} "
+                              f"{min(sm_count // 2, cap)}); this plan has ws={ws}, {splits} "
                               f"splits, {items} items, a device limit of {smem_max}")
         if merge == "cluster" and splits in (4, 8):  # (the ws smem of its split plan, above)
             variant = _ws_variant(dt, h, 0, splits, kt)

@@ -917,10 +917,18 @@ def test_ws_decode_split(n):
     assert plan(_geom(256, b=9), 132, True, None, False, wg_arch=True).splits == 2
     assert plan(_geom(n, b=4, sq=2), 132, True, None, False, wg_arch=True).splits == 8
     p = plan(_geom(n, b=8), 132, True, None, False, knobs={"ctas": 64}, wg_arch=True)
+    assert (p.splits, p.merge, p.grid) == (8, "cluster", 64)
+    p = plan(_geom(n, b=8), 132, True, None, False, knobs={"ctas": 40}, wg_arch=True)
     assert (p.splits, p.merge, p.grid) == (4, "cluster", 32)
+    # A plan's ws knobs pin it again (the ctas knob caps the grid as it does elsewhere).
+    for b in (1, 8, 9, 16, 33):
+        p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
+        pin = {k: p.knobs[k] for k in ("ws", "splits", "merge", "ctas", "q2", "kt")}
+        q = plan(_geom(n, b=b), 132, True, None, False, knobs=pin, wg_arch=True)
+        assert (q.splits, q.merge, q.grid, q.variant) == (p.splits, p.merge, p.grid, p.variant)
     # Fewer keys: splits of at least two tiles (4 or more merged by is_combine), else two.
     for k, splits, merge in ((4096, 8, "cluster"), (1500, 6, "kernel"), (1024, 4, "cluster"),
-                             (512, 2, "cluster"), (200, 2, "cluster")):
+                             (1100, 2, "cluster"), (512, 2, "cluster"), (200, 2, "cluster")):
         p = plan(_geom(n, b=1, k=k), 132, True, None, False, wg_arch=True)
         assert (p.splits, p.merge) == (splits, merge), (k, p)
     p = plan(_geom(n, b=1, k=64), 132, True, None, False, wg_arch=True)
@@ -954,6 +962,15 @@ def test_ws_decode_split(n):
     assert index_share._ws_decode_split(9, 2048, 132) == (4, "cluster")
     assert index_share._ws_decode_split(67, 2048, 132) is None
     assert index_share._ws_decode_split(1, 128, 132) is None
+    # Only split counts the plan's 128-key column split gives exactly: 1100 keys in four
+    # splits come out as three, 10000 in four as five (2048-column cap), 8192 in two as four.
+    assert index_share._ws_decode_split(1, 1100, 132) == (2, "cluster")
+    assert index_share._ws_decode_split(10, 10000, 132) is None
+    assert index_share._ws_decode_split(40, 8192, 132) is None
+    assert index_share._ws_decode_split(8, 2048, 132, cap=40) == (4, "cluster")
+    # Prefill (many rows) keeps the last-arrival merge for pinned splits above two.
+    assert plan(_geom(n, b=1, sq=4096), 132, True, None, False, knobs={"splits": 4},
+                wg_arch=True).merge == "last"
 
 
 def test_ws_plan_choice_grid_and_refusals():
