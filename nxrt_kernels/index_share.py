@@ -266,7 +266,7 @@ class _Plan:
     @property
     def partials(self) -> bool:
         """Whether the splits write partials to the scratch (every merge but the two-CTA one)."""
-        return self.merge in ("last", "kernel") or (self.merge == "cluster" and self.splits > 2)
+        return _writes_partials(self.merge, self.splits)
 
     @property
     def knobs(self) -> dict[str, Any]:
@@ -283,6 +283,12 @@ class _Plan:
                 "ctas": self.grid if self.entry == "is_attn_ws" else None,
                 "q2": d.get("IS_Q2", 0) if self.entry == "is_attn_ws" else None,
                 "kt": d.get("IS_KT", _WS_KT) if self.entry == "is_attn_ws" else None}
+
+
+def _writes_partials(merge: str, splits: int) -> bool:
+    """Whether a plan's splits write partials to the scratch: every merge but the two-CTA
+    cluster's (and none with one split)."""
+    return merge in ("last", "kernel") or (merge == "cluster" and splits > 2)
 
 
 def _round_up(x: int, a: int) -> int:
@@ -669,7 +675,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         raise KernelError(f"{OP}: {tasks * splits} work items exceed the grid limit; use fewer "
                           "(batch, query) rows per call")
     rows = g.batch * g.q_len * g.heads
-    parts = merge in ("last", "kernel") or (merge == "cluster" and splits > 2)  # _Plan.partials
+    parts = _writes_partials(merge, splits)
     po = rows * splits * h * 4 if parts else 0
     pm = rows * splits * 2 * 4 if parts else 0
     vb = g.batch * 4 if capacity_scratch else 0
