@@ -401,6 +401,37 @@ def _ws_decode_split(tasks: int, width: int, sm_count: int,
     return None
 
 
+#: What one split item of a persistent ws plan costs beyond its tiles, in tiles' time: its
+#: partials and its share of the split merge (H200 fit, NOTES IndexShare round 21: at 128
+#: heads a split item of 8 tiles took ~33 us where its gathers take ~17).
+_WS_SPLIT_ITEM_TILES = 8
+
+
+def _ws_persistent_splits(tasks: int, width: int, slots: int) -> int:
+    """Split count of a warp-specialised decode plan with more items than one per CTA.
+
+    The persistent grid of ``slots`` CTAs takes items c, c + slots, ... in turn, and a CTA
+    gathers at a fixed rate whatever the load (NOTES, IndexShare rounds 13 and 20), so a
+    launch lasts as long as its busiest CTA: ceil(tasks x s / slots) items of (tiles per
+    split + ``_WS_SPLIT_ITEM_TILES`` if s > 1) tiles each. The least such cost over the
+    split counts the 128-key column split gives exactly (from the fewest that fit in
+    2048-column splits to ``WS_MAX_SPLITS``), fewer splits on a tie. Measured on the H200
+    (round 21): one split at top-k 1024 and 2048 (B 67-264; two splits took 1.1-1.9x as
+    long), three at top-k 4096 and B 67, two at B 96 and 160.
+    """
+    lo = -(-width // 2048)
+    best, best_cost = lo, None
+    for s in range(lo, max(lo, WS_MAX_SPLITS) + 1):
+        cps = min(_round_up(-(-width // s), _WS_KT), 2048)
+        if -(-width // cps) != s:
+            continue
+        cost = -(-tasks * s // max(1, slots)) * (cps // _WS_KT
+                                                 + (_WS_SPLIT_ITEM_TILES if s > 1 else 0))
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
 def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
           capacity_scratch: bool, smem_max: int = 227 * 1024, smem_sm: int = 228 * 1024,
           knobs: dict[str, Any] | None = None, wg_arch: bool = False) -> _Plan:
@@ -440,11 +471,10 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # at most 2048 columns.
         other = sorted({"wgs", "mrows", "overlap", "qreg", "minb", "stages"} & set(knobs))
         fits = -(-g.width // 2048) <= WS_MAX_SPLITS
-        wide = g.group > WS_MIN_GROUP or (g.group == WS_MIN_GROUP and many)
-        if g.group == WS_MIN_GROUP and not many:
-            # 64 heads in few rows: ws where a decode plan with one item per CTA exists
-            # (_ws_decode_split), else the barrier-coupled two-warpgroup key split.
-            wide = _ws_decode_split(g.batch * g.q_len * g.kv_heads, g.width, sm_count) is not None
+        # From 64 heads per index row, in every row count: at 64 heads in decode rows past
+        # one wave of two-CTA clusters the ws build with one split took 0.70-0.91x the time
+        # of the barrier-coupled key split (H200, B 67-264, NOTES IndexShare round 21).
+        wide = g.group >= WS_MIN_GROUP
         ws = int(knobs.get("ws", 1 if wide and fits and not other else 0))
         if ws not in (0, 1):
             raise KernelError(f"{OP}: ws={ws} must be 0 or 1")
@@ -588,6 +618,9 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                             WS_MAX_SPLITS if ws else 32 if (use_mma or use_wg) else 1 << 30))
     elif ws and not many and dec is not None:
         splits = dec[0]
+    elif ws and not many:
+        splits = _ws_persistent_splits(tasks, g.width,
+                                       min(sm_count, max(1, int(knobs.get("ctas", sm_count)))))
     elif use_mma or use_wg:
         splits = _choose_splits(tasks, g.width, col_align, max_cps, max(1, sm_count * per_sm))
         if ws:
@@ -648,11 +681,15 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         cluster_ok = bool(ws and items <= min(sm_count, cap) and (
             (splits == 2 and _ws_smem(h, cps, 0, 1, ckt) <= smem_max)
             or (splits in (4, 8) and items <= sm_count // 2 and ckt == _WS_KT)))
-        # ws decode with more than two splits: is_combine spreads the merge over the GPU,
-        # where the last-arrival merge reads every partial on one SM (_ws_decode_split;
-        # prefill rows, many and not measured that way, keep the last-arrival merge).
+        # ws decode with more than two splits of at most half the SMs' tasks: is_combine
+        # spreads the merge over the GPU, where each last-arrival merge reads every partial
+        # of its task on one SM while most SMs idle (_ws_decode_split, round 20: 8 x 64 KB,
+        # ~15 us). From more tasks on, the last-arrival merges spread over the grid and were
+        # the faster (round 21: 0.91-0.97x at top-k 4096, B 67-160, three splits); prefill
+        # rows, many and not measured that way, keep them too.
         merge = str(knobs.get("merge", "cluster" if cluster_ok else
-                              "kernel" if ws and splits > 2 and not many else "last"))
+                              "kernel" if ws and splits > 2 and not many
+                              and tasks <= sm_count // 2 else "last"))
         if merge not in ("last", "kernel", "cluster"):
             raise KernelError(f"{OP}: merge={merge!r} must be 'last', 'kernel' or 'cluster'")
         if merge == "cluster" and not cluster_ok:

@@ -844,9 +844,9 @@ def _geom(n: int, nkv: int = 1, b: int = 64, sq: int = 1, k: int = 2048, h: int 
 
 def test_wg_plan_choice_and_layouts():
     plan = index_share._plan
-    # Decode N64 in 100 rows (more than the two-CTA clusters of one wave; up to 66 rows take
-    # ws, test_ws_decode_split below): two warpgroups splitting each tile's keys.
-    p = plan(_geom(64, b=100), 132, True, None, False, wg_arch=True)
+    # Decode N64 with the barrier-coupled build (ws=0; the default from 64 heads is ws, see
+    # test_ws_plan_choice_grid_and_refusals): two warpgroups splitting each tile's keys.
+    p = plan(_geom(64, b=100), 132, True, None, False, knobs={"ws": 0}, wg_arch=True)
     assert (p.path, p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == ("wg", 2, 64, 0)
     assert p.threads == 256 and p.heads_per_cta == 64 and p.knobs["ws"] == 0
     assert p.smem <= 227 * 1024 and p.stages >= 2
@@ -908,8 +908,10 @@ def test_ws_decode_split(n):
     for b in (17, 33, 64, 66):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid) == ("is_attn_ws", 2, "cluster", 2 * b), (b, p)
+    # Past one wave of two-CTA clusters: the persistent ws build with one split
+    # (test_ws_persistent_splits).
     p = plan(_geom(n, b=67), 132, True, None, False, wg_arch=True)
-    assert p.merge != "cluster" and (p.entry == "is_attn_ws") == (n == 128), p
+    assert (p.entry, p.splits, p.merge, p.grid) == ("is_attn_ws", 1, "none", 67), p
     # The rule in tasks: two 128-head blocks per row (N 256) count twice; two index rows
     # per batch row (Sq 2) too; the ctas knob caps the SMs it may use.
     assert plan(_geom(256, b=4), 132, True, None, False, wg_arch=True).splits == 8
@@ -973,6 +975,42 @@ def test_ws_decode_split(n):
                 wg_arch=True).merge == "last"
 
 
+def test_ws_persistent_splits():
+    """Decode rows past one wave of cluster plans: the persistent ws build's split count
+    minimises its busiest CTA's items x (tiles + _WS_SPLIT_ITEM_TILES for a split item),
+    as measured on the H200 (NOTES, IndexShare round 21)."""
+    f = index_share._ws_persistent_splits
+    # Top-k 1024 and 2048: one split at every batch measured (67-264).
+    for b in (67, 96, 132, 133, 160, 198, 264):
+        assert f(b, 2048, 132) == 1 and f(b, 1024, 132) == 1, b
+    # Top-k 4096 (two splits at least): three at B 67 (201 items, two per CTA of 11 tiles),
+    # two at B 96 and 160.
+    assert (f(67, 4096, 132), f(96, 4096, 132), f(160, 4096, 132)) == (3, 2, 2)
+    # The item cost by hand: ceil(T s / P) x (tiles + 8 if split).
+    def cost(t, k, s):
+        cps = index_share._round_up(-(-k // s), 128)
+        return -(-t * s // 132) * (cps // 128 + (8 if s > 1 else 0))
+    for t, k in ((67, 4096), (100, 4096), (199, 4096), (40, 8192), (300, 6000)):
+        s = f(t, k, 132)
+        assert all(cost(t, k, s) <= cost(t, k, o) for o in range(s, 9)
+                   if -(-k // min(index_share._round_up(-(-k // o), 128), 2048)) == o), (t, k)
+    # Only exact split counts (the plan's column rounding gives that many), at least the
+    # fewest 2048-column splits, and the slots are the grid's (the ctas knob).
+    assert f(1, 16384, 132) == 8 and f(500, 2100, 132) == 2
+    assert f(20, 4096, 10) == 2
+    plan = index_share._plan
+    for n in (64, 128):
+        for b, k, splits, merge in ((133, 2048, 1, "none"), (160, 2048, 1, "none"),
+                                    (67, 4096, 3, "last"), (96, 4096, 2, "last")):
+            p = plan(_geom(n, b=b, k=k), 132, True, None, False, wg_arch=True)
+            assert (p.entry, p.splits, p.merge, p.grid) == ("is_attn_ws", splits, merge,
+                                                            min(132, b * splits)), (n, b, k, p)
+        # The ctas knob caps the slots the rule counts.
+        p = plan(_geom(n, b=67, k=4096), 132, True, None, False, knobs={"ctas": 67},
+                 wg_arch=True)
+        assert (p.splits, p.grid) == (2, 67), p
+
+
 def test_ws_plan_choice_grid_and_refusals():
     """The warp-specialised persistent build: the default above 64 heads per index row,
     one CTA per SM (or the ctas cap) looping over tasks x splits items, two Q slots where
@@ -1019,11 +1057,13 @@ def test_ws_plan_choice_grid_and_refusals():
     # Knobs of the barrier-coupled build pin it.
     assert plan(_geom(128), 132, True, None, False, knobs={"stages": 3},
                 wg_arch=True).knobs["ws"] == 0
-    # More than 8 x 2048 columns, or 64 heads in decode rows past one wave of two-CTA
-    # clusters, keep the barrier-coupled build unless asked; 64 heads in many rows (prefill)
-    # take ws, and so do decode rows up to that wave (test_ws_decode_split).
+    # More than 8 x 2048 columns, or fewer than 64 heads per index row, keep the
+    # barrier-coupled build unless asked; 64 heads take ws in every row count (decode past
+    # one wave of two-CTA clusters too: NOTES, IndexShare round 21).
     assert plan(_geom(128, k=9 * 2048), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
-    assert plan(_geom(64, b=100), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
+    assert plan(_geom(64, b=100), 132, True, None, False, wg_arch=True).knobs["ws"] == 1
+    assert plan(_geom(64, b=300), 132, True, None, False, wg_arch=True).knobs["ws"] == 1
+    assert plan(_geom(48, b=100), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
     assert plan(_geom(64, b=3), 132, True, None, False, wg_arch=True).knobs["ws"] == 1
     assert plan(_geom(64, b=1, sq=4096), 132, True, None, False, wg_arch=True).knobs["ws"] == 1
     assert plan(_geom(48, b=1, sq=4096), 132, True, None, False, wg_arch=True).knobs["ws"] == 0
@@ -1038,7 +1078,8 @@ def test_ws_plan_choice_grid_and_refusals():
             ({"q2": 1}, _geom(128, b=1, sq=4096, idt=DataType.INT64), "int32 indices"),
             ({"ws": 1}, _geom(128, k=9 * 2048), "at most 8 splits"),
             ({"merge": "cluster", "splits": 3}, _geom(128), "two splits .* or eight"),
-            ({"merge": "cluster", "ctas": 100}, _geom(128), "one work item per CTA, at most 100"),
+            ({"merge": "cluster", "ctas": 100, "splits": 2}, _geom(128),
+             "one work item per CTA, at most 100"),
             ({"merge": "cluster", "ws": 0}, _geom(128), "needs the warp-specialised build"),
             ({"kt": 96}, _geom(128), "kt=96 must be one of"),
             ({"kt": 64, "ws": 0}, _geom(128), "kt applies to the warp-specialised build"),

@@ -461,6 +461,41 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
         free(arrs, [y])
 
 
+@pytest.mark.parametrize("n,k", [(64, 3001), (128, 2048)], ids=["g64-k3001", "g128-k2048"])
+def test_decode_past_one_wave_of_clusters(rt, ledger, rng, n, k):
+    """Decode rows past one wave of two-CTA clusters (70 rows, more than half the SMs) take
+    the persistent warp-specialised build with ``_ws_persistent_splits``'s count (one split
+    at top-k 2048; at 3001, more than one, merged by the last CTA to arrive), also at 64
+    heads (NOTES, IndexShare round 21): it matches the reference, repeats bit for bit, and
+    gives the same bits with is_combine, a capped grid (several items per CTA) and the plan
+    the barrier-coupled build would not share (checked against the reference only)."""
+    if not _wg_device(rt):
+        pytest.skip("the wgmma path needs an sm_90 device")
+    b, past = 70, 3100
+    sm = rt.capabilities.sm_count
+    ins = case(rng, dtype=BF16, b=b, n=n, nkv=1, sq=1, cur=1, past=past, h=128, k=k, hi=1,
+               bias=None, idt=np.int32, mode="none")
+    nd = make_node(n, 1)
+    want = reference.index_share(nd, ins)[0]
+    arrs, views = upload(rt, ins)
+    y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
+    kern = index_share.IndexShareFactory(rt).create(nd)
+    try:
+        run(rt, kern, views, [y])
+        p = kern.last_plan
+        if 2 * b > sm:  # (the H200's 132 SMs: always)
+            splits = index_share._ws_persistent_splits(b, k, sm)
+            assert (p.entry, p.splits, p.grid) == ("is_attn_ws", splits, min(sm, b * splits)), p
+            assert p.merge == ("none" if splits == 1 else "last") and (splits > 1) == (k > 2048)
+        plans = [None, {"ws": 1, "ctas": 9}, {"ws": 1, "splits": p.splits, "merge": "kernel"},
+                 {"ws": 1, "splits": p.splits, "merge": "last", "ctas": 31}, {"ws": 0}]
+        _plans_agree(rt, kern, views, y, want, plans, "wg", ("ws", "wgs", "mrows", "kt"),
+                     TOL[DataType.BFLOAT16], repeats=1)
+    finally:
+        kern.close()
+        free(arrs, [y])
+
+
 @pytest.mark.parametrize("size", [(4, 3000, 2048), (2, 700, 320)], ids=["k2048", "k320"])
 @pytest.mark.parametrize("knobs", [{"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"},
                                    {"ws": 1, "splits": 4, "merge": "kernel"},

@@ -1,16 +1,20 @@
-"""IndexShare decode at small batches: ``python tools/bench.py index_share_batch``.
+"""IndexShare decode at batches other than 64: ``python tools/bench.py index_share_batch``.
 
 The issue's decode rows are B 64 (``bench_index_share``). A model served at batch 1-32 runs
 the same call with fewer rows, where the cost is no longer the gathered bytes (1 MB per row
 at top-k 2048) but how many SMs share a row's keys and how their partials are merged
-(NOTES, IndexShare round 20). Rows: decode, top-k 2048, H 128, bf16, one kv head, cache 8k,
-N in {64, 128}, B in {1, 2, 4, 8, 16, 32} (``--quick``: N 64, B 1 and 8). Per row, timed as
-``bench_index_share`` times its decode rows (graph replays alternating two input sets):
+(NOTES, IndexShare round 20); past 66 rows (one wave of two-CTA clusters on 132 SMs) the
+persistent build takes several items per CTA, where a split item's partials cost about as
+much as its gathers (round 21). Rows: decode, top-k 2048, H 128, bf16, one kv head, cache
+8k, N in {64, 128}, B in {1, 2, 4, 8, 16, 32, 96, 160, 264} (``--quick``: N 64, B 1 and 8).
+Per row, timed as ``bench_index_share`` times its decode rows (graph replays alternating two
+input sets):
 
 - ours, the planner's default, one call per graph, against the torch gather + SDPA peer;
-- the same call against two pinned plans in the same process: the two-CTA cluster split of
-  the B 64 rows (``splits=2, merge="cluster"``) and the plan the planner took before round
-  20 (:func:`previous_plan`): the ratio is the pinned plan's time over the default's;
+- the same call against pinned plans in the same process: the two-CTA cluster split of the
+  B 64 rows (``splits=2, merge="cluster"``; where its clusters fit in one wave) and the plan
+  the planner took before round 20 (:func:`previous_plan`, which past 66 rows is also the
+  plan before round 21): the ratio is the pinned plan's time over the default's;
 - ours, 8 calls in one graph, against the peer's 8 calls in one torch graph.
 
 No sustained-state sampling here: these are latency rows, far from the board's power cap.
@@ -25,7 +29,7 @@ from bench import BenchContext, row
 
 from nxrt_kernels import index_share
 
-BATCHES = (1, 2, 4, 8, 16, 32)
+BATCHES = (1, 2, 4, 8, 16, 32, 96, 160, 264)
 
 #: The two-CTA cluster split (the B 64 decode plan), pinned.
 CLUSTER = {"path": "wg", "ws": 1, "splits": 2, "merge": "cluster"}
@@ -35,7 +39,8 @@ def previous_plan(n: int, b: int, sm_count: int) -> dict[str, Any]:
     """The plan the planner chose for these rows before round 20 (commit 06b8f04): 64 heads,
     the barrier-coupled wgmma build (its wave-model splits, the last-arrival merge); 128
     heads, the warp-specialised build with the wave model's splits (at most 8) and the
-    last-arrival merge. (B 64 took the two-CTA cluster then as now.)"""
+    last-arrival merge. (B 64 took the two-CTA cluster then as now.) Past 66 rows round 20
+    changed nothing: this is also the plan of ``bed7756``, before round 21."""
     if n == 64:
         return {"path": "wg", "ws": 0}
     splits = min(index_share._choose_splits(b, bis.TOPK, 128, 2048, sm_count),
@@ -94,8 +99,10 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
             f"top{bis.TOPK} ({words})")
     rows = [row("index_share_batch", name, "1/ms", 1.0 / ms, "torch-gather-sdpa", 1.0 / tms,
                 ms=round(ms, 4), peer_ms=round(tms, 4), rel_fro_vs_torch=round(rel, 5))]
-    for label, knobs in (("pinned two-CTA cluster", CLUSTER),
-                         ("pinned previous plan", previous_plan(c["n"], c["b"], sm))):
+    pinned = [("pinned previous plan", previous_plan(c["n"], c["b"], sm))]
+    if 2 * c["b"] <= sm:  # (the two-CTA clusters in one wave: one item per CTA)
+        pinned.insert(0, ("pinned two-CTA cluster", CLUSTER))
+    for label, knobs in pinned:
         pms, pwords, _ = _time(ctx, c, sets, knobs)
         rows.append(row("index_share_batch", name, "1/ms", 1.0 / ms, f"{label} ({pwords})",
                         1.0 / pms, ms=round(ms, 4), peer_ms=round(pms, 4)))
@@ -111,7 +118,7 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
 
 
 def run(ctx: BenchContext) -> list[dict]:
-    """Four rows per case (see the module docstring)."""
+    """Three or four rows per case (see the module docstring)."""
     if ctx.torch is None:
         ctx.log("index_share_batch: torch with CUDA is needed for the inputs and the peer; "
                 "skipped")
