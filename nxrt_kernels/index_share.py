@@ -38,16 +38,18 @@ a wgmma path instead (``cuda/index_share_wg.cu``, sm_90a): 64 heads per warpgrou
 wgmma M dimension, S = Q K^T and O += P V issued asynchronously straight from the swizzled
 cp.async ring; layouts (warpgroups, head rows) in ``WG_LAYOUTS`` and the knobs ``wgs``,
 ``mrows``, ``overlap`` (FA3's intra-warpgroup pipelining), ``qreg`` (Q in registers) and
-``minb`` (3: registers capped so three CTAs share an SM). Groups above ``WS_MIN_GROUP``
-heads (and of exactly that many in many rows, or in few rows that split in two) take the
-warp-specialised persistent build
+``minb`` (3: registers capped so three CTAs share an SM). Groups of ``WS_MIN_GROUP`` heads
+or more take the warp-specialised persistent build
 (``cuda/index_share_ws.cu``, knob ``ws``): one CTA per SM loops over (task, split) items
 of up to 128 heads, a producer warpgroup stages and validates each item's index columns one
 item ahead and gathers 128-key tiles into mbarrier rings, two consumer warpgroups share
 every tile (knobs ``ctas``: cap the grid; ``q2``: two Q slots, one split and int32 indices
 only). ``NXRT_INDEX_SHARE_WG=0`` turns the wgmma path off. Decode rows split the selected
 keys over CTAs until they fill the GPU; the task's last CTA merges the split partials in
-split order (knob ``merge``: "last", or "kernel" for a separate ``is_combine`` launch). A
+split order (knob ``merge``: "last", or "kernel" for a separate ``is_combine`` launch).
+Past one CTA per split item the warp-specialised build splits only where that shortens its
+busiest CTA (``_ws_persistent_splits``: a split item's partials cost about 8 tiles; NOTES,
+IndexShare round 21). A
 warp-specialised plan with two splits and one item per CTA (decode: B 64 on 132 SMs) runs
 the two splits of a task as a two-CTA cluster instead (``merge="cluster"``, the default
 there): each CTA sends its partner half of its unnormalised output through distributed
