@@ -496,6 +496,40 @@ def test_decode_past_one_wave_of_clusters(rt, ledger, rng, n, k):
         free(arrs, [y])
 
 
+def test_pinned_splits_are_batch_invariant(rt, ledger, rng):
+    """The default plan depends on the batch size (and with it the bits); the
+    warp-specialised build with a pinned split count does not: its rows' bits depend only on
+    the split count and the tile, not on the batch, the grid or the merge (README,
+    Guarantees). 70 rows (past one wave: the last-arrival merge over persistent items;
+    random padded rows) against their first 3 alone (two-CTA clusters) and on a grid of 2
+    CTAs."""
+    if not _wg_device(rt):
+        pytest.skip("the wgmma path needs an sm_90 device")
+    big = case(rng, dtype=BF16, b=70, n=128, nkv=1, sq=1, cur=1, past=2100, h=128, k=2048,
+               hi=1, bias=None, idt=np.int32, mode="none")
+    small = [None if a is None else np.ascontiguousarray(a[:3]) for a in big]
+    nd = make_node(128, 1)
+    want = reference.index_share(nd, small)[0]
+    got, plans = [], []
+    for ins, knobs in ((big, {"ws": 1, "splits": 2}), (small, {"ws": 1, "splits": 2}),
+                       (small, {"ws": 1, "splits": 2, "ctas": 2})):
+        arrs, views = upload(rt, ins)
+        y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
+        kern = index_share.IndexShareFactory(rt).create(nd)
+        try:
+            kern.plan_override = knobs
+            got.append(run(rt, kern, views, [y])[0][:3])
+            plans.append(kern.last_plan)
+        finally:
+            kern.close()
+            free(arrs, [y])
+    assert [p.splits for p in plans] == [2, 2, 2] and plans[1].merge == "cluster", plans
+    assert plans[0].merge == "last" and plans[2].merge == "last" and plans[2].grid == 2, plans
+    assert rel_fro(got[1], want) < TOL[DataType.BFLOAT16]
+    for g in (got[0], got[2]):
+        assert np.array_equal(g.view(np.uint16), got[1].view(np.uint16))
+
+
 @pytest.mark.parametrize("size", [(4, 3000, 2048), (2, 700, 320)], ids=["k2048", "k320"])
 @pytest.mark.parametrize("knobs", [{"ws": 1, "splits": 2}, {"ws": 1, "splits": 2, "merge": "last"},
                                    {"ws": 1, "splits": 4, "merge": "kernel"},
