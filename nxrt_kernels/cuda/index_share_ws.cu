@@ -626,6 +626,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     is_cp_async_wait(0);
 #if IS_CLUSTER
     nxrt::cluster_wait();  // phase 1 (every thread of the cluster takes part)
+#elif IS_CMDS
+    // The first of the merge's two cluster barriers (below): the ring's last copies landed,
+    // released here to the CTAs that write their partials into it. (Ordered without it too,
+    // through the consumers that waited for those copies, but a sanitizer's race check
+    // cannot follow that; the producer leaves before the second barrier, which exited
+    // threads do not hold up.)
+    nxrt::cluster_arrive_release();
+    nxrt::cluster_wait();
 #endif
     return;
   }
