@@ -253,6 +253,9 @@ constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
 constexpr int BAR_CONS = 3;              // the 256 consumer threads (the last-arrival merge)
 #endif
 constexpr int BAR_PROD = 4;              // the 128 producer threads
+#if IS_CMDS
+constexpr int BAR_END = 5;               // all threads, once the ring's copies landed
+#endif
 
 __device__ __forceinline__ unsigned ws_smem_u32(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
@@ -627,11 +630,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #if IS_CLUSTER
     nxrt::cluster_wait();  // phase 1 (every thread of the cluster takes part)
 #elif IS_CMDS
-    // The first of the merge's two cluster barriers (below): the ring's last copies landed,
-    // released here to the CTAs that write their partials into it. (Ordered without it too,
-    // through the consumers that waited for those copies, but a sanitizer's race check
-    // cannot follow that; the producer leaves before the second barrier, which exited
-    // threads do not hold up.)
+    // The ring's copies landed (waited above): a CTA barrier with the consumers, then the
+    // first of the merge's two cluster barriers (below), released to the CTAs that write
+    // their partials into the ring. (Ordered without these through the consumers, which
+    // waited for every copy on the ring's mbarriers, but compute-sanitizer's racecheck
+    // follows only a cp.async wait and a barrier of the copying thread: without them it
+    // reported write-after-write hazards. The producer leaves before the second cluster
+    // barrier, which exited threads do not hold up.)
+    named_bar_sync(BAR_END, NT);
     nxrt::cluster_arrive_release();
     nxrt::cluster_wait();
 #endif
@@ -1024,7 +1030,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // ---- The item's rows (one split) or partials (is_attn_wg's stores).
 #if IS_CMDS
     // Every CTA of the cluster is done with its ring (its consumers' last wgmma retired, its
-    // producer's copies landed before it left): from here the rings hold the partials.
+    // producer's copies landed: the CTA barrier with the producer, see there): from here the
+    // rings hold the partials.
+    named_bar_sync(BAR_END, NT);
     nxrt::cluster_arrive_release();
     nxrt::cluster_wait();
     // The ring of each rank (O at [split][row][HD / C] floats, (m, L) pairs after them).
