@@ -56,11 +56,10 @@ there): each CTA sends its partner half of its unnormalised output through distr
 shared memory and finishes the other half, with the last-arrival merge's arithmetic (the
 same bits), and no split partials or counters in global memory. Decode rows of up to half
 the SMs take eight splits of two tiles per task instead (or four, at up to twice the rows),
-as eight- (four-) CTA clusters: each CTA hands its partials to the CTAs that finish their
-channels, through distributed shared memory (eight; through L2 with four), and after a
-cluster barrier finishes its share of the task's channels (``merge="cluster"`` with
-``splits`` 4 or 8; the planner's rule for decode is ``_ws_decode_split``, measured in
-NOTES, IndexShare rounds 20 and 21).
+as eight- (four-) CTA clusters: each CTA writes its partials, and after a cluster barrier
+finishes its share of the task's channels from the partials in L2 (``merge="cluster"``
+with ``splits`` 4 or 8; the planner's rule for decode is ``_ws_decode_split``, measured in
+NOTES, IndexShare round 20).
 Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
 and the plan depends only on shapes and the device.
 """
@@ -257,7 +256,7 @@ class _Plan:
     per_sm: int  # CTAs per SM the plan was sized for
     merge: str  # "none" (one split) | "last" (the task's last CTA) | "kernel" (is_combine)
     #             | "cluster" (ws, one item per CTA: two-CTA clusters through distributed
-    #               shared memory, eight-CTA ones too, four-CTA ones through L2)
+    #               shared memory, or four- or eight-CTA ones through the partials in L2)
     smem: int
     grid: int
     part_o_off: int
@@ -289,10 +288,9 @@ class _Plan:
 
 
 def _writes_partials(merge: str, splits: int) -> bool:
-    """Whether a plan's splits write partials to the scratch: the last-arrival merge,
-    ``is_combine`` and the four-CTA cluster's (the two- and eight-CTA clusters exchange them
-    through distributed shared memory; none with one split)."""
-    return merge in ("last", "kernel") or (merge == "cluster" and splits == 4)
+    """Whether a plan's splits write partials to the scratch: every merge but the two-CTA
+    cluster's (and none with one split)."""
+    return merge in ("last", "kernel") or (merge == "cluster" and splits > 2)
 
 
 def _round_up(x: int, a: int) -> int:
@@ -384,8 +382,8 @@ def _ws_decode_split(tasks: int, width: int, sm_count: int,
     a split's cost is its rows (a CTA gathers at a fixed rate whatever the load) plus its
     merge, and the last-arrival merge reads every partial on one SM (8 x 64 KB at 128
     heads: ~15 us). So, the first that applies: up to half the SMs busy, up to eight splits
-    of >= 2 tiles each, four or eight as four- or eight-CTA clusters that merge their
-    partials inside the kernel (IS_CMERGE), five to seven by ``is_combine`` over the whole GPU; four
+    of >= 2 tiles each, four or eight as four- or eight-CTA clusters that merge from their
+    partials in L2 (IS_CMERGE), five to seven by ``is_combine`` over the whole GPU; four
     splits as four-CTA clusters, up to half the SMs (B 9-16 at 2048 keys); two splits per
     task as two-CTA clusters while they fit in one wave (B <= 66 at one kv head); else None
     (the wave model). A split count counts only where the plan's 128-key column split comes
@@ -677,7 +675,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
         # resident at once; a larger grid would still be correct, in more than one wave.
         # Four or eight splits of one item per CTA (decode at small batches, _ws_decode_split):
-        # the task's CTAs form a cluster and merge their partials in the kernel (IS_CMERGE). Up
+        # the task's CTAs form a cluster and merge from their partials in L2 (IS_CMERGE). Up
         # to half the SMs: GPCs hold whole clusters, and on the H200 sixteen clusters of
         # eight did not all fit at once (B 16: 33 us against 24 with is_combine, round 20).
         ckt = kt if ws else _WS_KT  # (only ws plans define kt; the message below names bytes)

@@ -898,14 +898,13 @@ def test_ws_decode_split(n):
         assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 8, "cluster",
                                                                 8 * b, 256), (b, p)
         assert p.variant.defines["IS_CMERGE"] == 8 and "IS_CLUSTER" not in p.variant.defines
-        # No scratch (the partials go through distributed shared memory, IS_CMDS, round 21);
-        # the shared memory of the plain ws build, whose rings take the partials.
-        assert not p.partials and p.nbytes == 0 and p.smem == index_share._ws_smem(128, 256)
+        # Partials, no split counters; the shared memory of the plain ws build.
+        assert p.partials and p.nbytes == p.valid_off and p.smem == index_share._ws_smem(128, 256)
     for b in (9, 16):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 4, "cluster",
                                                                 4 * b, 512), (b, p)
-        assert p.variant.defines["IS_CMERGE"] == 4 and p.partials, p  # (through L2)
+        assert p.variant.defines["IS_CMERGE"] == 4 and p.partials, p
     for b in (17, 33, 64, 66):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid) == ("is_attn_ws", 2, "cluster", 2 * b), (b, p)
@@ -1135,8 +1134,8 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
     from nxrt_kernels._ref_index_share import parse_attributes
 
     kern.attrs = parse_attributes(node(64, 1))
-    # B 12: four-CTA clusters merging through L2 (B 1-8 and 17-66 exchange their partials
-    # through distributed shared memory: no scratch).
+    # B 12: four-CTA clusters merging from their partials in L2 (B 17-66 takes the two-CTA
+    # cluster merge: no scratch).
     g = _geom(64, b=12)
     metas = [TensorMetadata(d, s) for s, d in zip(
         [(12, 64, 1, 128), (12, 1, 1, 128), (12, 1, 1, 128), (12, 1, 8191, 128),

@@ -186,31 +186,30 @@ def test_trace_build_compiles() -> None:
 
 
 def test_cluster_merge_partials_path() -> None:
-    """The four- and eight-CTA cluster merges (IS_CMERGE): with eight CTAs the partials go
-    through distributed shared memory (IS_CMDS, the default there since round 21: stores
-    into the partners' rings, no global partial loads), with four through L2 (no
-    distributed-shared-memory stores); ``-DIS_CMDS=0/1`` builds the other form of either for
-    an A/B; IS_CMDS without IS_CMERGE is refused."""
+    """The four- and eight-CTA cluster merges (IS_CMERGE) read their partials from L2 (no
+    distributed-shared-memory stores); ``-DIS_CMDS=1`` builds the opt-in form that hands them
+    over through distributed shared memory (stores into the partners' rings, no global
+    partial loads: NOTES, IndexShare round 21), for an A/B; IS_CMDS without IS_CMERGE is
+    refused."""
     from nxrt.api import DataType
     from nxrt.compiler import CompileError, compile_source
     from nxrt_kernels import _common, index_share
 
     src = _common.source("index_share_ws.cu")
 
-    def counts(c: int, *extra: str) -> tuple[int, int]:
+    def counts(c: int, *extra: str) -> tuple[int, int, int]:
         v = index_share._ws_variant(DataType.BFLOAT16, 128, 0, c)
         r = compile_source(src, v.file, "sm_90a", [*v.options, *extra], _common.headers(),
                            cubin=False)
         p = r.ptx.decode() if isinstance(r.ptx, bytes) else r.ptx
-        return p.count("st.shared::cluster"), p.count("ld.global.cg")
+        return p.count("st.shared::cluster"), p.count("ld.global.cg"), p.count("bar.sync")
 
-    ds8, l2_8 = counts(8)
-    ds4, l2_4 = counts(4)
-    assert ds8 > 0 and l2_8 == 0, (ds8, l2_8)
-    assert ds4 == 0 and l2_4 > 0, (ds4, l2_4)
-    ds8_off, l2_8_off = counts(8, "-DIS_CMDS=0")
-    assert ds8_off == 0 and l2_8_off > l2_4  # eight splits' partial loads against four
-    assert counts(4, "-DIS_CMDS=1")[1] == 0
+    for c in (8, 4):
+        ds, l2, bars = counts(c)
+        assert ds == 0 and l2 > 0, (c, ds, l2)
+        ds_on, l2_on, bars_on = counts(c, "-DIS_CMDS=1")
+        # (and a CTA barrier of all threads before the first cluster barrier, for racecheck)
+        assert ds_on > 0 and l2_on == 0 and bars_on > bars, (c, ds_on, l2_on, bars_on, bars)
     plain = index_share._ws_variant(DataType.BFLOAT16, 128)
     with pytest.raises(CompileError, match="IS_CMDS"):
         compile_source(src, plain.file, "sm_90a", [*plain.options, "-DIS_CMDS=1"],

@@ -95,23 +95,26 @@
 // IS_CMERGE = C, 4 or 8 (decode at small batches, index_share._ws_decode_split): C splits per
 // task, one item per CTA, the task's C CTAs a cluster; each writes its split partials, and
 // after a cluster barrier each finishes 1 / C of the task's channels from the C partials in
-// L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch; with eight,
-// the partials go through distributed shared memory instead (IS_CMDS, below).
+// L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch (IS_CMDS,
+// below: through distributed shared memory instead, opt-in).
 #ifndef IS_CMERGE
 #define IS_CMERGE 0
 #endif
 #if IS_CMERGE && (IS_CLUSTER || IS_Q2 || (IS_CMERGE != 4 && IS_CMERGE != 8))
 #error "IS_CMERGE is 4 or 8 (the cluster's CTAs = splits), without IS_CLUSTER or IS_Q2"
 #endif
-// IS_CMDS (with IS_CMERGE; the default for eight CTAs): the partials go through distributed
-// shared memory instead of L2: once every CTA of the cluster is done with its ring (a cluster
-// barrier), each thread stores its O values and rows' (m, L) straight from registers into
-// the ring of the CTA that finishes their channels ([split][row][HD / C] floats, then
-// [split][row] (m, L) pairs), and after a second barrier each CTA merges from its own shared
-// memory (the same arithmetic, the same bits). H200 (NOTES, IndexShare round 21): 0.6-1.4 us
-// faster than through L2 with eight CTAs, 0.3-1.3 us slower with four (kept on L2 there).
+// IS_CMDS (with IS_CMERGE; opt-in, not shipped): the partials go through distributed shared
+// memory instead of L2: once every CTA of the cluster is done with its ring (a CTA barrier
+// after the producer's copies landed, then a cluster barrier), each thread stores its O
+// values and rows' (m, L) straight from registers into the ring of the CTA that finishes
+// their channels ([split][row][HD / C] floats, then [split][row] (m, L) pairs), and after a
+// second cluster barrier each CTA merges from its own shared memory (the same arithmetic, the
+// same bits). H200 (NOTES, IndexShare round 21): 0.6-1.4 us faster than through L2 with eight
+// CTAs, 0.3-1.3 us slower with four. Not the default: without the CTA barrier racecheck
+// reported write-after-write hazards between the ring's copies and the partners' stores,
+// and the build with it has not run on a GPU yet.
 #ifndef IS_CMDS
-#define IS_CMDS (IS_CMERGE == 8)
+#define IS_CMDS 0
 #endif
 #if IS_CMDS && !IS_CMERGE
 #error "IS_CMDS is a variant of the IS_CMERGE merge"
