@@ -386,7 +386,7 @@ def _ws_decode_split(tasks: int, width: int, sm_count: int,
     partials in L2 (IS_CMERGE), five to seven by ``is_combine`` over the whole GPU; four
     splits as four-CTA clusters, up to half the SMs (B 9-16 at 2048 keys); two splits per
     task as two-CTA clusters while they fit in one wave (B <= 66 at one kv head); else None
-    (the wave model). A split count counts only where the plan's 128-key column split comes
+    (``_ws_persistent_splits`` decides). A split count counts only where the plan's 128-key column split comes
     out at exactly that many; ``cap`` (the ctas knob) caps the CTAs as it caps the grid.
     """
     cap = sm_count if cap is None else cap
@@ -405,7 +405,8 @@ def _ws_decode_split(tasks: int, width: int, sm_count: int,
 
 #: What one split item of a persistent ws plan costs beyond its tiles, in tiles' time: its
 #: partials and its share of the split merge (H200 fit, NOTES IndexShare round 21: at 128
-#: heads a split item of 8 tiles took ~33 us where its gathers take ~17).
+#: heads on 33 CTAs, two split items of 8 tiles per CTA took 54.2 us where one item of 16
+#: tiles took 37.6).
 _WS_SPLIT_ITEM_TILES = 8
 
 
@@ -687,7 +688,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # spreads the merge over the GPU, where each last-arrival merge reads every partial
         # of its task on one SM while most SMs idle (_ws_decode_split, round 20: 8 x 64 KB,
         # ~15 us). From more tasks on, the last-arrival merges spread over the grid and were
-        # the faster (round 21: 0.91-0.97x at top-k 4096, B 67-160, three splits); prefill
+        # the faster (round 21: 0.90-0.97x at top-k 4096, B 67-160, three splits); prefill
         # rows, many and not measured that way, keep them too.
         merge = str(knobs.get("merge", "cluster" if cluster_ok else
                               "kernel" if ws and splits > 2 and not many

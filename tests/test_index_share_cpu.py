@@ -991,9 +991,13 @@ def test_ws_persistent_splits():
         cps = index_share._round_up(-(-k // s), 128)
         return -(-t * s // 132) * (cps // 128 + (8 if s > 1 else 0))
     for t, k in ((67, 4096), (100, 4096), (199, 4096), (40, 8192), (300, 6000)):
-        s = f(t, k, 132)
-        assert all(cost(t, k, s) <= cost(t, k, o) for o in range(s, 9)
-                   if -(-k // min(index_share._round_up(-(-k // o), 128), 2048)) == o), (t, k)
+        s, lo = f(t, k, 132), -(-k // 2048)
+        exact = [o for o in range(lo, 9)
+                 if -(-k // min(index_share._round_up(-(-k // o), 128), 2048)) == o]
+        assert s in exact, (t, k, s)
+        # the least cost, and the fewest splits on a tie
+        assert all(cost(t, k, s) < cost(t, k, o) for o in exact if o < s), (t, k)
+        assert all(cost(t, k, s) <= cost(t, k, o) for o in exact if o > s), (t, k)
     # Only exact split counts (the plan's column rounding gives that many), at least the
     # fewest 2048-column splits, and the slots are the grid's (the ctas knob).
     assert f(1, 16384, 132) == 8 and f(500, 2100, 132) == 2
@@ -1012,7 +1016,7 @@ def test_ws_persistent_splits():
 
 
 def test_ws_plan_choice_grid_and_refusals():
-    """The warp-specialised persistent build: the default above 64 heads per index row,
+    """The warp-specialised persistent build: the default from 64 heads per index row,
     one CTA per SM (or the ctas cap) looping over tasks x splits items, two Q slots where
     they fit (one split, int32 indices), shared memory as the kernel lays it out."""
     plan = index_share._plan

@@ -465,10 +465,11 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
 def test_decode_past_one_wave_of_clusters(rt, ledger, rng, n, k):
     """Decode rows past one wave of two-CTA clusters (70 rows, more than half the SMs) take
     the persistent warp-specialised build with ``_ws_persistent_splits``'s count (one split
-    at top-k 2048; at 3001, more than one, merged by the last CTA to arrive), also at 64
-    heads (NOTES, IndexShare round 21): it matches the reference, repeats bit for bit, and
-    gives the same bits with is_combine, a capped grid (several items per CTA) and the plan
-    the barrier-coupled build would not share (checked against the reference only)."""
+    at top-k 2048; at 3001, three, merged by the last CTA to arrive), also at 64 heads
+    (NOTES, IndexShare round 21): it matches the reference, repeats bit for bit, and (at
+    3001) gives the same bits with is_combine and on a grid of 31 CTAs (several items per
+    CTA); a grid of 9 (which takes another split count there) and the barrier-coupled build
+    are checked against the reference only."""
     if not _wg_device(rt):
         pytest.skip("the wgmma path needs an sm_90 device")
     b, past = 70, 3100
@@ -517,6 +518,7 @@ def test_pinned_splits_are_batch_invariant(rt, ledger, rng):
         y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
         kern = index_share.IndexShareFactory(rt).create(nd)
         try:
+            kern.path_override = "wg"  # (as the README's recipe: never another path quietly)
             kern.plan_override = knobs
             got.append(run(rt, kern, views, [y])[0][:3])
             plans.append(kern.last_plan)
