@@ -466,6 +466,14 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     if use_mma and not (aligned16 and _mma_ok(g)):
         raise KernelError(f"{OP}: the tensor-core path needs f16/bf16, H in (64, 128), one "
                           "shared index head, >= 8 heads per kv head and 16-byte aligned tensors")
+    if not use_wg and str(knobs.get("ws", 0)) not in ("0", "None"):
+        # (A pinned ws build must not quietly become another plan, e.g. for outputs that
+        # do not depend on the batch size: README, Guarantees.)
+        raise KernelError(f"{OP}: ws={knobs['ws']} asks for the warp-specialised build, which "
+                          "is on the wgmma path only (sm_90, f16/bf16, H in (64, 128), one "
+                          f"shared index head, >= {WG_MIN_GROUP} heads per kv head, 16-byte "
+                          f"aligned tensors); this call takes the "
+                          f"{'tensor-core' if use_mma else 'CUDA-core'} path")
     shared = g.index_heads == 1
     stages, per_sm, ws = 0, 1, 0
     many = g.batch * g.q_len * g.kv_heads >= 4 * sm_count  # prefill-like: rows fill the GPU

@@ -1102,6 +1102,13 @@ def test_wg_plan_declines_and_refusals():
                 wg_arch=True).path == "simt"
     assert plan(_geom(64, hi=64), 132, True, None, False, wg_arch=True).path == "simt"
     assert plan(_geom(64), 132, False, None, False, wg_arch=True).path == "simt"
+    # A pinned ws build off the wgmma path (another arch, unaligned tensors, too few heads)
+    # is refused, not quietly replaced by another plan; ws=0 there is what runs anyway.
+    for geom, aligned, arch in ((_geom(128), True, False), (_geom(128), False, True),
+                                (_geom(16), True, True)):
+        with pytest.raises(KernelError, match="ws=1 asks for the warp-specialised build"):
+            plan(geom, 132, aligned, None, False, knobs={"ws": 1, "splits": 2}, wg_arch=arch)
+        assert plan(geom, 132, aligned, None, False, knobs={"ws": 0}, wg_arch=arch).path != "wg"
     # Forcing it where it cannot run, or knobs without a build, is a KernelError.
     with pytest.raises(KernelError, match="wgmma path needs an sm_90"):
         plan(_geom(64), 132, True, "wg", False, wg_arch=False)
