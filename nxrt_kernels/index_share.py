@@ -374,6 +374,13 @@ def _choose_splits(tasks: int, width: int, col_align: int, max_cps: int, slots: 
     return best
 
 
+def _ws_exact_cps(width: int, s: int) -> int:
+    """Columns per split of a ws plan asked for ``s`` splits (``_plan``'s rounding to whole
+    128-key tiles, at most 2048), or 0 where that rounding gives another split count."""
+    cps = min(_round_up(-(-width // s), _WS_KT), 2048)
+    return cps if -(-width // cps) == s else 0
+
+
 def _ws_decode_split(tasks: int, width: int, sm_count: int,
                      cap: int | None = None) -> tuple[int, str] | None:
     """(splits, merge) of a warp-specialised decode plan with one item per CTA, or None.
@@ -392,13 +399,9 @@ def _ws_decode_split(tasks: int, width: int, sm_count: int,
     cap = sm_count if cap is None else cap
     ntiles = -(-width // _WS_KT)
 
-    def exact(s: int) -> bool:  # _plan's cps rounding gives s splits
-        cps = min(_round_up(-(-width // s), _WS_KT), 2048)
-        return -(-width // cps) == s
-
     wide = min(WS_MAX_SPLITS, ntiles // 2)
     for s, bound in ((wide, sm_count // 2), (4, sm_count // 2), (2, sm_count)):
-        if (s >= 4 or (s == 2 and ntiles >= 2)) and tasks * s <= min(bound, cap) and exact(s):
+        if (s >= 4 or (s == 2 and ntiles >= 2)) and tasks * s <= min(bound, cap) and _ws_exact_cps(width, s):
             return s, "cluster" if s in (2, 4, 8) else "kernel"
     return None
 
@@ -425,8 +428,8 @@ def _ws_persistent_splits(tasks: int, width: int, slots: int) -> int:
     lo = -(-width // 2048)
     best, best_cost = lo, None
     for s in range(lo, max(lo, WS_MAX_SPLITS) + 1):
-        cps = min(_round_up(-(-width // s), _WS_KT), 2048)
-        if -(-width // cps) != s:
+        cps = _ws_exact_cps(width, s)
+        if not cps:
             continue
         cost = -(-tasks * s // max(1, slots)) * (cps // _WS_KT
                                                  + (_WS_SPLIT_ITEM_TILES if s > 1 else 0))
