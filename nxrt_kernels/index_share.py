@@ -56,10 +56,11 @@ there): each CTA sends its partner half of its unnormalised output through distr
 shared memory and finishes the other half, with the last-arrival merge's arithmetic (the
 same bits), and no split partials or counters in global memory. Decode rows of up to half
 the SMs take eight splits of two tiles per task instead (or four, at up to twice the rows),
-as eight- (four-) CTA clusters: each CTA writes its partials, and after a cluster barrier
-finishes its share of the task's channels from the partials in L2 (``merge="cluster"``
+as eight- (four-) CTA clusters: after a cluster barrier each CTA stores its partials
+straight into the shared memory of the CTAs that finish them (four: writes them to L2),
+and after a second one finishes its share of the task's channels (``merge="cluster"``
 with ``splits`` 4 or 8; the planner's rule for decode is ``_ws_decode_split``, measured in
-NOTES, IndexShare round 20).
+NOTES, IndexShare rounds 20-22).
 Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
 and the plan depends only on shapes and the device.
 """
@@ -195,7 +196,8 @@ def _wg_variant(dt: DataType, hd: int, wgs: int, mrows: int, overlap: int = 0,
 
 def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = _WS_KT) -> Variant:
     """The ws build; ``cluster`` 2 (or 1): the two-CTA cluster merge, 4 or 8: the four- or
-    eight-CTA one (IS_CMERGE)."""
+    eight-CTA one (IS_CMERGE; eight hand the partials over through distributed shared
+    memory, IS_CMDS, four through L2)."""
     defines = {"IS_DTYPE": _DTYPE_CODE[dt], "IS_HD": hd, "IS_NST": _ws_nst(hd, kt)}
     if kt != _WS_KT:
         defines["IS_KT"] = kt
@@ -203,6 +205,10 @@ def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = 
         defines["IS_Q2"] = 1
     if cluster in (4, 8):
         defines["IS_CMERGE"] = cluster
+        if cluster == 8:
+            # 0.5-1.2 us faster per call than through L2 at B 1-8, 0.5-1.7 us slower with four
+            # CTAs (H200, NOTES IndexShare rounds 21-22).
+            defines["IS_CMDS"] = 1
     elif cluster:
         defines["IS_CLUSTER"] = 1
     return Variant("index_share_ws.cu", ("is_attn_ws",), defines, min_arch=90, arch_suffix="a")
@@ -256,7 +262,8 @@ class _Plan:
     per_sm: int  # CTAs per SM the plan was sized for
     merge: str  # "none" (one split) | "last" (the task's last CTA) | "kernel" (is_combine)
     #             | "cluster" (ws, one item per CTA: two-CTA clusters through distributed
-    #               shared memory, or four- or eight-CTA ones through the partials in L2)
+    #               shared memory, four-CTA ones through the partials in L2, eight-CTA
+    #               ones through distributed shared memory again)
     smem: int
     grid: int
     part_o_off: int
@@ -267,7 +274,8 @@ class _Plan:
 
     @property
     def partials(self) -> bool:
-        """Whether the splits write partials to the scratch (every merge but the two-CTA one)."""
+        """Whether the splits write partials to the scratch (every merge but the two- and
+        eight-CTA clusters')."""
         return _writes_partials(self.merge, self.splits)
 
     @property
@@ -288,9 +296,10 @@ class _Plan:
 
 
 def _writes_partials(merge: str, splits: int) -> bool:
-    """Whether a plan's splits write partials to the scratch: every merge but the two-CTA
-    cluster's (and none with one split)."""
-    return merge in ("last", "kernel") or (merge == "cluster" and splits > 2)
+    """Whether a plan's splits write partials to the scratch: every merge but the two- and
+    eight-CTA clusters' (which hand them over through distributed shared memory; none with
+    one split)."""
+    return merge in ("last", "kernel") or (merge == "cluster" and splits == 4)
 
 
 def _round_up(x: int, a: int) -> int:
@@ -389,8 +398,8 @@ def _ws_decode_split(tasks: int, width: int, sm_count: int,
     a split's cost is its rows (a CTA gathers at a fixed rate whatever the load) plus its
     merge, and the last-arrival merge reads every partial on one SM (8 x 64 KB at 128
     heads: ~15 us). So, the first that applies: up to half the SMs busy, up to eight splits
-    of >= 2 tiles each, four or eight as four- or eight-CTA clusters that merge from their
-    partials in L2 (IS_CMERGE), five to seven by ``is_combine`` over the whole GPU; four
+    of >= 2 tiles each, four or eight as four- or eight-CTA clusters that merge their
+    partials inside the kernel (IS_CMERGE), five to seven by ``is_combine`` over the whole GPU; four
     splits as four-CTA clusters, up to half the SMs (B 9-16 at 2048 keys); two splits per
     task as two-CTA clusters while they fit in one wave (B <= 66 at one kv head); else None
     (``_ws_persistent_splits`` decides). A split count counts only where the plan's 128-key column split comes
@@ -687,7 +696,8 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         # Hopper SMs come in pairs (TPCs), so up to sm_count CTAs of two-CTA clusters are
         # resident at once; a larger grid would still be correct, in more than one wave.
         # Four or eight splits of one item per CTA (decode at small batches, _ws_decode_split):
-        # the task's CTAs form a cluster and merge from their partials in L2 (IS_CMERGE). Up
+        # the task's CTAs form a cluster and merge their partials (IS_CMERGE; eight through
+        # distributed shared memory, no partials in global memory; four through L2). Up
         # to half the SMs: GPCs hold whole clusters, and on the H200 sixteen clusters of
         # eight did not all fit at once (B 16: 33 us against 24 with is_combine, round 20).
         ckt = kt if ws else _WS_KT  # (only ws plans define kt; the message below names bytes)

@@ -887,24 +887,28 @@ def test_wg_plan_choice_and_layouts():
 @pytest.mark.parametrize("n", [64, 128])
 def test_ws_decode_split(n):
     """Decode rows with at most 66 tasks (132 SMs) take the warp-specialised build with one
-    item per CTA (NOTES, IndexShare round 20): up to half the SMs, eight splits of two tiles
-    as eight-CTA clusters merging from their partials in L2 (IS_CMERGE; fewer keys: five to
-    seven splits merged by is_combine, four as four-CTA clusters), else four splits as
-    four-CTA clusters; else two splits per task as two-CTA clusters; past one wave of
-    clusters, the wave model (and for 64 heads the barrier-coupled build)."""
+    item per CTA (NOTES, IndexShare rounds 20-22): up to half the SMs, eight splits of two
+    tiles as eight-CTA clusters merging through distributed shared memory (IS_CMERGE with
+    IS_CMDS; fewer keys: five to seven splits merged by is_combine, four as four-CTA
+    clusters), else four splits as four-CTA clusters merging from their partials in L2;
+    else two splits per task as two-CTA clusters; past one wave of clusters, the wave model
+    (and for 64 heads the barrier-coupled build)."""
     plan = index_share._plan
     for b in (1, 3, 8):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 8, "cluster",
                                                                 8 * b, 256), (b, p)
-        assert p.variant.defines["IS_CMERGE"] == 8 and "IS_CLUSTER" not in p.variant.defines
-        # Partials, no split counters; the shared memory of the plain ws build.
-        assert p.partials and p.nbytes == p.valid_off and p.smem == index_share._ws_smem(128, 256)
+        d = p.variant.defines
+        assert d["IS_CMERGE"] == 8 and d["IS_CMDS"] == 1 and "IS_CLUSTER" not in d
+        # No partials and no split counters (no scratch at all); the shared memory of the
+        # plain ws build (the partials land in the rings).
+        assert not p.partials and p.nbytes == 0 and p.smem == index_share._ws_smem(128, 256)
     for b in (9, 16):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 4, "cluster",
                                                                 4 * b, 512), (b, p)
-        assert p.variant.defines["IS_CMERGE"] == 4 and p.partials, p
+        assert p.variant.defines["IS_CMERGE"] == 4 and "IS_CMDS" not in p.variant.defines
+        assert p.partials and p.nbytes == p.valid_off, p
     for b in (17, 33, 64, 66):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid) == ("is_attn_ws", 2, "cluster", 2 * b), (b, p)

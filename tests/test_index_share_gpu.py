@@ -433,7 +433,7 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              {"ws": 1, "kt": 64, "splits": 3, "merge": "kernel"},
              {"ws": 1, "kt": 64, "splits": 2}, {"ws": 1, "kt": 64, "splits": 2, "merge": "last"},
              # Eight splits (the decode default up to half the SMs): eight-CTA clusters
-             # merging from their partials in L2, is_combine (launched programmatically at
+             # merging through distributed shared memory, is_combine (launched programmatically at
              # these grids) and the last-arrival merge, the same bits.
              {"ws": 1, "splits": 8}, {"ws": 1, "splits": 8, "merge": "kernel"},
              {"ws": 1, "splits": 8, "merge": "last"},
@@ -543,7 +543,8 @@ def test_chained_calls_in_one_graph(rt, ledger, rng, knobs, size):
     output as its query and the last overwriting the first one's query (the ws build is
     launched with programmatic dependent launch, and so is is_combine after it at small
     grids (``ws-combine``): a read-after-write and a write-after-read across its graph
-    edges; ``ws-cluster8``/``4``: clusters merging from their partials in L2). The replay
+    edges; ``ws-cluster8``/``4``: clusters merging through distributed shared memory / from
+    their partials in L2). The replay
     equals the eager sequence bitwise,
     and the first call matches the reference. ``k320`` (160 keys per split: one whole tile
     and one padded one per CTA) is the size racecheck can finish (tools/sanitize.sh)."""

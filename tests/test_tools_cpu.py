@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
                                          ("gather_ceiling.py", "gather IndexShare"),
                                          ("trace_index_share.py", "decode cluster kernel"),
                                          ("graph_gap.py", "one-kernel graph, by kernel shape"),
+                                         ("rc_cluster_probe.py", "follow cp.async copies"),
                                          ("bench.py", "back-to-back calls before each timed")])
 def test_tool_help(tool: str, words: str) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--help"],
@@ -54,6 +55,25 @@ def test_graph_gap_kernel_compiles() -> None:
             ptx = c.ptx if isinstance(c.ptx, str) else c.ptx.decode()
             assert "spin_kernel" in ptx and ("griddepcontrol.wait" in ptx) == bool(pdl)
             assert (".reqnctapercluster" in ptx) == bool(cl)
+
+
+def test_rc_cluster_probe_compiles() -> None:
+    """The racecheck probe's two-CTA kernel compiles for sm_90 with a cluster shape, every
+    mode's instructions present; a mode outside 0-4 is refused before any device work."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from rc_cluster_probe import SRC
+
+    from nxrt.compiler import compile_source
+
+    c = compile_source(SRC, "rc_cluster_probe.cu", "sm_90", [], {})
+    ptx = c.ptx if isinstance(c.ptx, str) else c.ptx.decode()
+    assert ".reqnctapercluster" in ptx
+    for op in ("cp.async.wait_group", "cp.async.mbarrier.arrive.noinc", "st.shared::cluster",
+               "barrier.cluster.arrive.release", "bar.sync"):
+        assert op in ptx, op
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "rc_cluster_probe.py"), "5"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "invalid choice" in r.stderr, r.stderr
 
 
 def test_read_floor_kernel_compiles() -> None:
@@ -186,30 +206,33 @@ def test_trace_build_compiles() -> None:
 
 
 def test_cluster_merge_partials_path() -> None:
-    """The four- and eight-CTA cluster merges (IS_CMERGE) read their partials from L2 (no
-    distributed-shared-memory stores); ``-DIS_CMDS=1`` builds the opt-in form that hands them
+    """The four-CTA cluster merge (IS_CMERGE 4) reads its partials from L2 (no
+    distributed-shared-memory stores); the eight-CTA one, as shipped (IS_CMDS), hands them
     over through distributed shared memory (stores into the partners' rings, no global
-    partial loads: NOTES, IndexShare round 21), for an A/B; IS_CMDS without IS_CMERGE is
-    refused."""
+    partial loads, two cluster barriers more: NOTES, IndexShare rounds 21-22). Either form
+    builds for either size (for A/Bs); IS_CMDS without IS_CMERGE is refused."""
     from nxrt.api import DataType
     from nxrt.compiler import CompileError, compile_source
     from nxrt_kernels import _common, index_share
 
     src = _common.source("index_share_ws.cu")
 
-    def counts(c: int, *extra: str) -> tuple[int, int, int]:
+    def counts(c: int, cmds: int) -> tuple[int, int, int]:
         v = index_share._ws_variant(DataType.BFLOAT16, 128, 0, c)
-        r = compile_source(src, v.file, "sm_90a", [*v.options, *extra], _common.headers(),
-                           cubin=False)
+        assert v.defines.get("IS_CMDS", 0) == (c == 8), v.defines
+        defines = {**v.defines, "IS_CMDS": cmds}
+        r = compile_source(src, v.file, "sm_90a", list(_common.defines_to_options(defines)),
+                           _common.headers(), cubin=False)
         p = r.ptx.decode() if isinstance(r.ptx, bytes) else r.ptx
-        return p.count("st.shared::cluster"), p.count("ld.global.cg"), p.count("bar.sync")
+        return (p.count("st.shared::cluster"), p.count("ld.global.cg"),
+                p.count("barrier.cluster.arrive"))
 
     for c in (8, 4):
-        ds, l2, bars = counts(c)
+        ds, l2, bars = counts(c, 0)
         assert ds == 0 and l2 > 0, (c, ds, l2)
-        ds_on, l2_on, bars_on = counts(c, "-DIS_CMDS=1")
-        # (and a CTA barrier of all threads before the first cluster barrier, for racecheck)
-        assert ds_on > 0 and l2_on == 0 and bars_on > bars, (c, ds_on, l2_on, bars_on, bars)
+        ds_on, l2_on, bars_on = counts(c, 1)
+        # (the first of the two extra cluster barriers with the producer too, for racecheck)
+        assert ds_on > 0 and l2_on == 0 and bars_on == bars + 2, (c, ds_on, l2_on, bars_on, bars)
     plain = index_share._ws_variant(DataType.BFLOAT16, 128)
     with pytest.raises(CompileError, match="IS_CMDS"):
         compile_source(src, plain.file, "sm_90a", [*plain.options, "-DIS_CMDS=1"],

@@ -93,7 +93,11 @@ or f32-cap-hiN-k1 or bf16-odd-h72-rank3 or f16-narrow-h20 or f32-decode-splitk \
 or bf16-wg-h64-g96-cap or bf16-ws-g128-i64-rank4 or f16-ws-gqa2-g128-h64)) \
 or test_eager_rejects_bad_rows or test_capture_replay_and_poisoned_indices \
 or test_chained_calls_in_one_graph"
-# racecheck is the slowest (every shared-memory access is tracked): fewer cases.
+# racecheck is the slowest (every shared-memory access is tracked): fewer cases. It skips the
+# eight-CTA IndexShare merge (ws-cluster8, IS_CMDS), which memcheck and synccheck run: its
+# partners store into rings that cp.async filled, ordered by the copies' wait and a cluster
+# barrier, which racecheck does not follow (it reports such hazards for any kernel that does
+# this: tools/rc_cluster_probe.py, NOTES IndexShare round 22).
 DEC_K="(test_cluster_merge_equals_memory_merge and (B16H32 or k60D128 or q4k1000 or q3k300 \
 or k2000D256 or m2-local)) or (test_capture_replay_with_new_inputs and (cluster or pool)) \
 or (test_vs_reference and (s7 or s5 or q2k1000D64)) \
@@ -105,7 +109,7 @@ or (test_split_kv and fused-4) or (test_wg_persistent and q128k1000D128)"
 PAGED_K_RACE="test_mla_32_key_tiles or (test_simple_odd_head and bf16) or test_slot_minus_one"
 IS_K_RACE="(test_matches_reference and (f16-mha-hiN-rank2 or bf16-mma-wm1-rank4-cap \
 or f32-decode-splitk or f32-cap-hiN-k1 or bf16-wg-h64-g96-cap or f16-ws-gqa2-g128-h64)) \
-or (test_capture_replay_and_poisoned_indices and ws-cluster and none) \
+or (test_capture_replay_and_poisoned_indices and ws-cluster and none and not ws-cluster8) \
 or (test_chained_calls_in_one_graph and ws-cluster and k320)"
 
 run_tool() {

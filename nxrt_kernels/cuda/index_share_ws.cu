@@ -103,16 +103,18 @@
 #if IS_CMERGE && (IS_CLUSTER || IS_Q2 || (IS_CMERGE != 4 && IS_CMERGE != 8))
 #error "IS_CMERGE is 4 or 8 (the cluster's CTAs = splits), without IS_CLUSTER or IS_Q2"
 #endif
-// IS_CMDS (with IS_CMERGE; opt-in, not shipped): the partials go through distributed shared
-// memory instead of L2: once every CTA of the cluster is done with its ring (a CTA barrier
-// after the producer's copies landed, then a cluster barrier), each thread stores its O
-// values and rows' (m, L) straight from registers into the ring of the CTA that finishes
-// their channels ([split][row][HD / C] floats, then [split][row] (m, L) pairs), and after a
-// second cluster barrier each CTA merges from its own shared memory (the same arithmetic, the
-// same bits). H200 (NOTES, IndexShare round 21): 0.6-1.4 us faster than through L2 with eight
-// CTAs, 0.3-1.3 us slower with four. Not the default: without the CTA barrier racecheck
-// reported write-after-write hazards between the ring's copies and the partners' stores,
-// and the build with it has not run on a GPU yet.
+// IS_CMDS (with IS_CMERGE; index_share sets it for eight CTAs): the partials go through
+// distributed shared memory instead of L2: once every CTA of the cluster is done with its ring
+// (a cluster barrier that the producer takes part in once its copies landed), each thread
+// stores its O values and rows' (m, L) straight from registers into the ring of the CTA that
+// finishes their channels ([split][row][HD / C] floats, then [split][row] (m, L) pairs), and
+// after a second cluster barrier each CTA merges from its own shared memory (the same
+// arithmetic, the same bits). H200 (NOTES, IndexShare rounds 21-22): 0.5-1.2 us faster per
+// call than through L2 with eight CTAs, 0.5-1.7 us slower with four. compute-sanitizer's
+// racecheck (2025.3) reports write-after-write hazards between the ring's cp.async copies and
+// the partners' stores; it reports the same for a two-CTA kernel that orders them by
+// cp.async.wait_group and a release/acquire cluster barrier (tools/rc_cluster_probe.py), and
+// none when the first write is a plain store: a limit of the tool (benchmarks/sanitize.md).
 #ifndef IS_CMDS
 #define IS_CMDS 0
 #endif
@@ -256,9 +258,6 @@ constexpr int BAR_PP1 = 1, BAR_PP2 = 2;  // consumer ping-pong (attention's)
 constexpr int BAR_CONS = 3;              // the 256 consumer threads (the last-arrival merge)
 #endif
 constexpr int BAR_PROD = 4;              // the 128 producer threads
-#if IS_CMDS
-constexpr int BAR_END = 5;               // all threads, once the ring's copies landed
-#endif
 
 __device__ __forceinline__ unsigned ws_smem_u32(const void* p) {
   return (unsigned)__cvta_generic_to_shared(p);
@@ -633,14 +632,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 #if IS_CLUSTER
     nxrt::cluster_wait();  // phase 1 (every thread of the cluster takes part)
 #elif IS_CMDS
-    // The ring's copies landed (waited above): a CTA barrier with the consumers, then the
-    // first of the merge's two cluster barriers (below), released to the CTAs that write
-    // their partials into the ring. (Ordered without these through the consumers, which
-    // waited for every copy on the ring's mbarriers, but compute-sanitizer's racecheck
-    // follows only a cp.async wait and a barrier of the copying thread: without them it
-    // reported write-after-write hazards. The producer leaves before the second cluster
-    // barrier, which exited threads do not hold up.)
-    named_bar_sync(BAR_END, NT);
+    // The ring's copies landed (waited above): the first of the merge's two cluster barriers
+    // (below), released by the copying threads themselves to the CTAs that write their
+    // partials into this ring. (Ordered through the consumers too, which waited for every
+    // copy on the ring's mbarriers, but compute-sanitizer's racecheck follows only a cp.async
+    // wait and a barrier of the copying thread.) The producer leaves before the second
+    // cluster barrier, which exited threads do not hold up. The warp reconverges first: the
+    // cluster barrier is warp-aligned.
+    __syncwarp();
     nxrt::cluster_arrive_release();
     nxrt::cluster_wait();
 #endif
@@ -1033,9 +1032,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     // ---- The item's rows (one split) or partials (is_attn_wg's stores).
 #if IS_CMDS
     // Every CTA of the cluster is done with its ring (its consumers' last wgmma retired, its
-    // producer's copies landed: the CTA barrier with the producer, see there): from here the
-    // rings hold the partials.
-    named_bar_sync(BAR_END, NT);
+    // producer's copies landed: the producer takes part in this barrier, see there): from
+    // here the rings hold the partials. (Reconverged first: the barrier is warp-aligned.)
+    __syncwarp();
     nxrt::cluster_arrive_release();
     nxrt::cluster_wait();
     // The ring of each rank (O at [split][row][HD / C] floats, (m, L) pairs after them).
@@ -1094,6 +1093,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // partials in L2, a thread per (row, half of those channels): every load (C (m, l)
       // pairs, C x CT values) issued at once, one L2 round trip; then is_merge_batched's
       // arithmetic (the weights once per row: the same values for every channel).
+#if IS_CMDS
+      __syncwarp();  // (the stores above diverge; the cluster barrier is warp-aligned)
+#endif
       nxrt::cluster_arrive_release();
       nxrt::cluster_wait();
       constexpr int C = IS_CMERGE;
