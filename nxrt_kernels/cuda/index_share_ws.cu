@@ -96,7 +96,7 @@
 // task, one item per CTA, the task's C CTAs a cluster; each writes its split partials, and
 // after a cluster barrier each finishes 1 / C of the task's channels from the C partials in
 // L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch (IS_CMDS,
-// below: through distributed shared memory instead, opt-in).
+// below: through distributed shared memory instead; index_share sets it for eight CTAs).
 #ifndef IS_CMERGE
 #define IS_CMERGE 0
 #endif
@@ -1090,7 +1090,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // before the barrier by its release arrive, the reads below after it by the acquire
       // wait; the producer threads have left or leave without touching memory again): this
       // CTA finishes channels CW rank .. CW rank + CW - 1 of the task's rows from the C
-      // partials in L2, a thread per (row, half of those channels): every load (C (m, l)
+      // partials in L2 (IS_CMDS: in its own ring), a thread per (row, half of those
+      // channels): every load (C (m, l)
       // pairs, C x CT values) issued at once, one L2 round trip; then is_merge_batched's
       // arithmetic (the weights once per row: the same values for every channel).
 #if IS_CMDS
