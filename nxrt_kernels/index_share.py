@@ -206,8 +206,8 @@ def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = 
     if cluster in (4, 8):
         defines["IS_CMERGE"] = cluster
         if cluster == 8:
-            # 0.5-1.2 us faster per call than through L2 at B 1-8, 0.5-1.7 us slower with four
-            # CTAs (H200, NOTES IndexShare rounds 21-22).
+            # 0.1-1.2 us faster per call than through L2 at B 1-8 (0.4-1.9 in one graph),
+            # 0.3-1.7 us slower with four CTAs (H200, NOTES IndexShare rounds 21-22).
             defines["IS_CMDS"] = 1
     elif cluster:
         defines["IS_CLUSTER"] = 1

@@ -2,17 +2,21 @@
 """Does compute-sanitizer's racecheck follow cp.async copies ordered before another CTA's
 distributed-shared-memory stores? A two-CTA probe (GPU with clusters, sm_90, needed).
 
-Run: ``compute-sanitizer --tool racecheck python tools/rc_cluster_probe.py MODE [MODE ...]``
-(without the sanitizer it only checks the outputs). In every mode each thread t of both
-CTAs first writes 16 bytes of its CTA's shared buffer (row t); then each thread t of rank 1
-stores row t of rank 0's buffer through distributed shared memory (``st.shared::cluster``),
-and rank 0 writes what it then holds to global memory, which the probe checks. Modes:
+Run: ``compute-sanitizer --tool racecheck --racecheck-report all python
+tools/rc_cluster_probe.py MODE``, one mode per run (several modes in one process pool their
+hazards into one report; without the sanitizer it only checks the outputs). In every mode
+each thread t of both CTAs first writes 16 bytes of its CTA's shared buffer (row t); then
+each thread t of rank 1 stores row t of rank 0's buffer through distributed shared memory
+(``st.shared::cluster``), and rank 0 writes what it then holds to global memory, which the
+probe checks. Modes:
 
 - ``0`` cp.async, ``cp.async.wait_group 0``, a release/acquire cluster barrier, the
   partner's store: ordered by the PTX memory model (the eight-CTA IndexShare merge,
   ``IS_CMDS``, hands its partials over this way).
 - ``1`` a plain ``st.shared`` instead of the cp.async, the same barrier (control).
-- ``2`` cp.async and its wait but no barrier before the partner's store: a real race.
+- ``2`` cp.async and its wait but no barrier before the partner's store: a real race (and
+  the partner may store before rank 0 has started, which the CUDA programming guide leaves
+  undefined: this mode may fault).
 - ``3`` mode 0 with a ``__syncthreads`` between the wait and the cluster barrier.
 - ``4`` half the threads copy, completing on an mbarrier (``cp.async.mbarrier.arrive.noinc``)
   that the other half waits on; then the cluster barrier (the ring's own protocol).
@@ -101,9 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         rt.close()
         return 1
     ok_all = True
-    src = rt.alloc_raw(ROWS * 16)
-    out = rt.alloc_raw(ROWS * 4)
+    src = out = 0
     try:
+        src = rt.alloc_raw(ROWS * 16)
+        out = rt.alloc_raw(ROWS * 4)
         fn = rt.nvrtc_function("rc_cluster_probe", SRC, "rc_probe", arch=rt.arch)
         rt.htod(src, np.random.default_rng(0).standard_normal(ROWS * 4).astype(np.float32))
         want = np.arange(ROWS, dtype=np.float32)  # the partner's stores, last
@@ -115,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
             ok_all &= ok
             print(f"mode {mode}: output {'as ordered' if ok else 'WRONG'}", flush=True)
     finally:
-        rt.free_raw(src)
-        rt.free_raw(out)
+        for ptr in (src, out):
+            if ptr:
+                rt.free_raw(ptr)
         rt.close()
     return 0 if ok_all else 1
 

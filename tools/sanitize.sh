@@ -98,7 +98,9 @@ or test_chained_calls_in_one_graph"
 # asynchronous-copy checks off (IS_K_RACE_NOASYNC): its partners store into rings that
 # cp.async filled, ordered by the copies' wait and a cluster barrier, which racecheck does not
 # follow (it reports such hazards for any kernel that does this: tools/rc_cluster_probe.py,
-# NOTES IndexShare round 22); every other hazard class is still checked there.
+# NOTES IndexShare round 22). That run checks every other hazard class (plain and
+# distributed shared-memory accesses against each other), but no longer the ring's cp.async
+# protocol of that build; the two-CTA (ws-cluster) and four-CTA cases check it.
 DEC_K="(test_cluster_merge_equals_memory_merge and (B16H32 or k60D128 or q4k1000 or q3k300 \
 or k2000D256 or m2-local)) or (test_capture_replay_with_new_inputs and (cluster or pool)) \
 or (test_vs_reference and (s7 or s5 or q2k1000D64)) \
@@ -212,8 +214,10 @@ gpu=$(python3 -c "import nxrt; r = nxrt.CudaRuntime(0); print(r.capabilities.nam
   echo
   echo "Commit $commit$dirty on $gpu, $(date -u +%Y-%m-%d). Sanitizer: \`$("$CS" --version 2>/dev/null | tail -n 1)\`."
   echo "Command per tool: \`compute-sanitizer --tool TOOL --error-exitcode 1 python3 -m pytest -m gpu FILE -k EXPR\`"
-  echo "over tests/test_attention_gpu.py, tests/test_paged_gpu.py and tests/test_index_share_gpu.py"
-  echo "(the -k expressions are in tools/sanitize.sh; racecheck runs a smaller subset)."
+  echo "over tests/test_attention_gpu.py, tests/test_paged_gpu.py, tests/test_index_share_gpu.py and"
+  echo "tests/test_attention_decode_gpu.py (the -k expressions are in tools/sanitize.sh; racecheck runs"
+  echo "a smaller subset, and the eight-CTA IndexShare case a fifth time with"
+  echo "\`--racecheck-memcpy-async no\`: see the script's comment)."
   echo
   echo "| tool | tests run | passed | failed | sanitizer errors | status | wall s |"
   echo "|---|---:|---:|---:|---:|---|---:|"

@@ -109,8 +109,8 @@
 // stores its O values and rows' (m, L) straight from registers into the ring of the CTA that
 // finishes their channels ([split][row][HD / C] floats, then [split][row] (m, L) pairs), and
 // after a second cluster barrier each CTA merges from its own shared memory (the same
-// arithmetic, the same bits). H200 (NOTES, IndexShare rounds 21-22): 0.5-1.2 us faster per
-// call than through L2 with eight CTAs, 0.5-1.7 us slower with four. compute-sanitizer's
+// arithmetic, the same bits). H200 (NOTES, IndexShare rounds 21-22): 0.1-1.2 us faster per
+// call than through L2 with eight CTAs (0.4-1.9 in one graph), 0.3-1.7 us slower with four. compute-sanitizer's
 // racecheck (2025.3) reports write-after-write hazards between the ring's cp.async copies and
 // the partners' stores; it reports the same for a two-CTA kernel that orders them by
 // cp.async.wait_group and a release/acquire cluster barrier (tools/rc_cluster_probe.py), and
@@ -1090,8 +1090,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // before the barrier by its release arrive, the reads below after it by the acquire
       // wait; the producer threads have left or leave without touching memory again): this
       // CTA finishes channels CW rank .. CW rank + CW - 1 of the task's rows from the C
-      // partials in L2 (IS_CMDS: in its own ring), a thread per (row, half of those
-      // channels): every load (C (m, l)
+      // partials in L2 (IS_CMDS: in its own ring, written there by the partners before the
+      // second barrier), a thread per (row, half of those channels): every load (C (m, l)
       // pairs, C x CT values) issued at once, one L2 round trip; then is_merge_batched's
       // arithmetic (the weights once per row: the same values for every channel).
 #if IS_CMDS
