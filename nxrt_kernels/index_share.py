@@ -276,7 +276,7 @@ class _Plan:
     def partials(self) -> bool:
         """Whether the splits write partials to the scratch (every merge but the two- and
         eight-CTA clusters')."""
-        return _writes_partials(self.merge, self.splits)
+        return _writes_partials(self.merge, self.variant)
 
     @property
     def knobs(self) -> dict[str, Any]:
@@ -295,11 +295,13 @@ class _Plan:
                 "kt": d.get("IS_KT", _WS_KT) if self.entry == "is_attn_ws" else None}
 
 
-def _writes_partials(merge: str, splits: int) -> bool:
-    """Whether a plan's splits write partials to the scratch: every merge but the two- and
-    eight-CTA clusters' (which hand them over through distributed shared memory; none with
-    one split)."""
-    return merge in ("last", "kernel") or (merge == "cluster" and splits == 4)
+def _writes_partials(merge: str, variant: Variant) -> bool:
+    """Whether a plan's splits write partials to the scratch: every merge but the cluster
+    builds that hand them over through distributed shared memory (the two-CTA one, and the
+    four/eight-CTA one built with IS_CMDS; none with one split)."""
+    d = variant.defines
+    return merge in ("last", "kernel") or (
+        merge == "cluster" and "IS_CMERGE" in d and not d.get("IS_CMDS", 0))
 
 
 def _round_up(x: int, a: int) -> int:
@@ -632,9 +634,11 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     hbk = -(-g.group // hpc) if shared else 1
     units = g.kv_heads * hbk if shared else g.heads
     tasks = g.batch * g.q_len * units
+    cap = int(knobs.get("ctas", sm_count)) if ws else sm_count
+    if cap < 1:
+        raise KernelError(f"{OP}: ctas={cap} must be >= 1")
     # A warp-specialised decode plan (measured rule; the ctas knob caps the CTAs it may use).
-    dec = (_ws_decode_split(tasks, g.width, sm_count, max(1, int(knobs.get("ctas", sm_count))))
-           if ws and not many else None)
+    dec = _ws_decode_split(tasks, g.width, sm_count, cap) if ws and not many else None
     if "splits" in knobs:
         # The tensor-core finish keeps nh x (splits + 1) weights in the ring: at most 32.
         splits = max(1, min(int(knobs["splits"]), -(-g.width // col_align),
@@ -642,8 +646,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
     elif ws and not many and dec is not None:
         splits = dec[0]
     elif ws and not many:
-        splits = _ws_persistent_splits(tasks, g.width,
-                                       min(sm_count, max(1, int(knobs.get("ctas", sm_count)))))
+        splits = _ws_persistent_splits(tasks, g.width, min(sm_count, cap))
     elif use_mma or use_wg:
         splits = _choose_splits(tasks, g.width, col_align, max_cps, max(1, sm_count * per_sm))
         if ws:
@@ -686,9 +689,6 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
                               "the CUDA-core path (path_override='simt')")
     else:
         smem = _round_up(cps, 4) * 4 + (4 * hpc * h + 8 * hpc) * 4
-    cap = int(knobs.get("ctas", sm_count)) if ws else sm_count
-    if cap < 1:
-        raise KernelError(f"{OP}: ctas={cap} must be >= 1")
     merge = "none"
     if splits > 1:
         # ws with two splits and one item per CTA (decode): the two CTAs of a task form a
@@ -736,7 +736,7 @@ def _plan(g: Geometry, sm_count: int, aligned16: bool, path: str | None,
         raise KernelError(f"{OP}: {tasks * splits} work items exceed the grid limit; use fewer "
                           "(batch, query) rows per call")
     rows = g.batch * g.q_len * g.heads
-    parts = _writes_partials(merge, splits)
+    parts = _writes_partials(merge, variant)
     po = rows * splits * h * 4 if parts else 0
     pm = rows * splits * 2 * 4 if parts else 0
     vb = g.batch * 4 if capacity_scratch else 0
