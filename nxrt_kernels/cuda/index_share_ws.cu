@@ -1094,9 +1094,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // second barrier), a thread per (row, half of those channels): every load (C (m, l)
       // pairs, C x CT values) issued at once, one L2 round trip; then is_merge_batched's
       // arithmetic (the weights once per row: the same values for every channel).
-#if IS_CMDS
       __syncwarp();  // (the stores above diverge; the cluster barrier is warp-aligned)
-#endif
       nxrt::cluster_arrive_release();
       nxrt::cluster_wait();
       constexpr int C = IS_CMERGE;
