@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
 from nxrt.errors import CaptureError, KernelError
 from nxrt.latch import INDEX_SHARE_SELECTED_INDICES, Latch
+from nxrt_kernels import _index_share_plan as isp
 from nxrt_kernels import factory_class, index_share, reference
 from nxrt_kernels._ref_index_share import (
     SelectedIndicesError,
@@ -850,7 +851,7 @@ def test_wg_plan_choice_and_layouts():
     assert (p.path, p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == ("wg", 2, 64, 0)
     assert p.threads == 256 and p.heads_per_cta == 64 and p.knobs["ws"] == 0
     assert p.smem <= 227 * 1024 and p.stages >= 2
-    assert p.smem == index_share._wg_smem(128, 2, 64, p.stages, p.cps)
+    assert p.smem == isp._wg_smem(128, 2, 64, p.stages, p.cps)
     # Prefill N64 (4096 rows) takes ws (below); with ws=0 one warpgroup with Q in
     # registers, a 2-stage ring and the 168-register build: three CTAs per SM.
     t = plan(_geom(64, b=1, sq=4096), 132, True, None, False, knobs={"ws": 0}, wg_arch=True)
@@ -902,7 +903,7 @@ def test_ws_decode_split(n):
         assert d["IS_CMERGE"] == 8 and d["IS_CMDS"] == 1 and "IS_CLUSTER" not in d
         # No partials and no split counters (no scratch at all); the shared memory of the
         # plain ws build (the partials land in the rings).
-        assert not p.partials and p.nbytes == 0 and p.smem == index_share._ws_smem(128, 256)
+        assert not p.partials and p.nbytes == 0 and p.smem == isp._ws_smem(128, 256)
     for b in (9, 16):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 4, "cluster",
@@ -961,19 +962,19 @@ def test_ws_decode_split(n):
         plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 8, "merge": "cluster",
                                                          "kt": 64}, wg_arch=True)
     # The helper alone.
-    assert index_share._ws_decode_split(8, 2048, 132) == (8, "cluster")
-    assert index_share._ws_decode_split(8, 1024, 132) == (4, "cluster")
-    assert index_share._ws_decode_split(16, 2048, 132) == (4, "cluster")
-    assert index_share._ws_decode_split(17, 2048, 132) == (2, "cluster")
-    assert index_share._ws_decode_split(9, 2048, 132) == (4, "cluster")
-    assert index_share._ws_decode_split(67, 2048, 132) is None
-    assert index_share._ws_decode_split(1, 128, 132) is None
+    assert isp._ws_decode_split(8, 2048, 132) == (8, "cluster")
+    assert isp._ws_decode_split(8, 1024, 132) == (4, "cluster")
+    assert isp._ws_decode_split(16, 2048, 132) == (4, "cluster")
+    assert isp._ws_decode_split(17, 2048, 132) == (2, "cluster")
+    assert isp._ws_decode_split(9, 2048, 132) == (4, "cluster")
+    assert isp._ws_decode_split(67, 2048, 132) is None
+    assert isp._ws_decode_split(1, 128, 132) is None
     # Only split counts the plan's 128-key column split gives exactly: 1100 keys in four
     # splits come out as three, 10000 in four as five (2048-column cap), 8192 in two as four.
-    assert index_share._ws_decode_split(1, 1100, 132) == (2, "cluster")
-    assert index_share._ws_decode_split(10, 10000, 132) is None
-    assert index_share._ws_decode_split(40, 8192, 132) is None
-    assert index_share._ws_decode_split(8, 2048, 132, cap=40) == (4, "cluster")
+    assert isp._ws_decode_split(1, 1100, 132) == (2, "cluster")
+    assert isp._ws_decode_split(10, 10000, 132) is None
+    assert isp._ws_decode_split(40, 8192, 132) is None
+    assert isp._ws_decode_split(8, 2048, 132, cap=40) == (4, "cluster")
     # Prefill (many rows) keeps the last-arrival merge for pinned splits above two.
     assert plan(_geom(n, b=1, sq=4096), 132, True, None, False, knobs={"splits": 4},
                 wg_arch=True).merge == "last"
@@ -983,7 +984,7 @@ def test_ws_persistent_splits():
     """Decode rows past one wave of cluster plans: the persistent ws build's split count
     minimises its busiest CTA's items x (tiles + _WS_SPLIT_ITEM_TILES for a split item),
     as measured on the H200 (NOTES, IndexShare round 21)."""
-    f = index_share._ws_persistent_splits
+    f = isp._ws_persistent_splits
     # Top-k 1024 and 2048: one split at every batch measured (67-264).
     for b in (67, 96, 132, 133, 160, 198, 264):
         assert f(b, 2048, 132) == 1 and f(b, 1024, 132) == 1, b
@@ -992,12 +993,12 @@ def test_ws_persistent_splits():
     assert (f(67, 4096, 132), f(96, 4096, 132), f(160, 4096, 132)) == (3, 2, 2)
     # The item cost by hand: ceil(T s / P) x (tiles + 8 if split).
     def cost(t, k, s):
-        cps = index_share._round_up(-(-k // s), 128)
+        cps = isp._round_up(-(-k // s), 128)
         return -(-t * s // 132) * (cps // 128 + (8 if s > 1 else 0))
     for t, k in ((67, 4096), (100, 4096), (199, 4096), (40, 8192), (300, 6000)):
         s, lo = f(t, k, 132), -(-k // 2048)
         exact = [o for o in range(lo, 9)
-                 if -(-k // min(index_share._round_up(-(-k // o), 128), 2048)) == o]
+                 if -(-k // min(isp._round_up(-(-k // o), 128), 2048)) == o]
         assert s in exact, (t, k, s)
         # the least cost, and the fewest splits on a tie
         assert all(cost(t, k, s) < cost(t, k, o) for o in exact if o < s), (t, k)
@@ -1031,7 +1032,7 @@ def test_ws_plan_choice_grid_and_refusals():
     assert (p.knobs["ws"], p.knobs["q2"], p.splits, p.merge) == (1, 0, 2, "cluster")
     assert p.variant.defines["IS_CLUSTER"] == 1 and p.nbytes == 0
     assert p.grid == p.tasks * p.splits == 128 and p.cps == 1024
-    assert p.smem == index_share._ws_smem(128, 1024, 0, 1) <= 227 * 1024
+    assert p.smem == isp._ws_smem(128, 1024, 0, 1) <= 227 * 1024
     # ... in 128-key tiles; pinned to 64, twice the ring slots in the same bytes (WS_KTS).
     assert p.knobs["kt"] == 128 and "IS_KT" not in p.variant.defines and p.stages == 2
     q = plan(_geom(128), 132, True, None, False, knobs={"kt": 64}, wg_arch=True)
@@ -1048,8 +1049,8 @@ def test_ws_plan_choice_grid_and_refusals():
     # Prefill N128: 4096 items on 132 CTAs, two Q slots; int64 indices keep one.
     p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, wg_arch=True)
     assert (p.knobs["q2"], p.splits, p.grid, p.tasks) == (1, 1, 132, 4096)
-    assert p.variant.defines["IS_Q2"] == 1 and p.smem == index_share._ws_smem(128, 2048, 1)
-    assert p.smem <= 227 * 1024 < index_share._ws_smem(128, 2048, 1) + 128 * 9 * 4 + 8192
+    assert p.variant.defines["IS_Q2"] == 1 and p.smem == isp._ws_smem(128, 2048, 1)
+    assert p.smem <= 227 * 1024 < isp._ws_smem(128, 2048, 1) + 128 * 9 * 4 + 8192
     p64 = plan(_geom(128, b=1, sq=4096, idt=DataType.INT64), 132, True, None, False,
                wg_arch=True)
     assert p64.knobs["q2"] == 0 and "IS_Q2" not in p64.variant.defines

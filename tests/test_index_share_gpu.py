@@ -12,6 +12,7 @@ from nxrt import DeviceArray
 from nxrt.api import DataType, Node, TensorView
 from nxrt.errors import CaptureError
 from nxrt.latch import INDEX_SHARE_SELECTED_INDICES
+from nxrt_kernels import _index_share_plan as isp
 from nxrt_kernels import index_share, reference
 from nxrt_kernels._ref_index_share import SelectedIndicesError
 from tests._util import TOL, rel_fro
@@ -485,7 +486,7 @@ def test_decode_past_one_wave_of_clusters(rt, ledger, rng, n, k):
         run(rt, kern, views, [y])
         p = kern.last_plan
         if 2 * b > sm:  # (the H200's 132 SMs: always)
-            splits = index_share._ws_persistent_splits(b, k, sm)
+            splits = isp._ws_persistent_splits(b, k, sm)
             assert (p.entry, p.splits, p.grid) == ("is_attn_ws", splits, min(sm, b * splits)), p
             assert p.merge == ("none" if splits == 1 else "last") and (splits > 1) == (k > 2048)
         plans = [None, {"ws": 1, "ctas": 9}, {"ws": 1, "splits": p.splits, "merge": "kernel"},

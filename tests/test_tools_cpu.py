@@ -125,9 +125,9 @@ def test_trace_index_share_cps_hook() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_index_share_cpu import _geom
 
-    from nxrt_kernels import _common, index_share
+    from nxrt_kernels import _common, _index_share_plan, index_share
 
-    saved = (index_share._plan, index_share._ws_variant, _common.get_function)
+    saved = (index_share._plan, _index_share_plan._ws_variant, _common.get_function)
     try:
         trace = importlib.import_module("trace_index_share")
         hooks = trace._Hooks(SimpleNamespace(launch=lambda *a, **k: None))
@@ -137,7 +137,7 @@ def test_trace_index_share_cps_hook() -> None:
         hooks.cps = 1152
         p = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
         assert (p.cps, p.splits, p.merge) == (1152, 2, "cluster")
-        assert p.smem == index_share._ws_smem(128, 1152, 0, 1, 128) > base.smem
+        assert p.smem == _index_share_plan._ws_smem(128, 1152, 0, 1, 128) > base.smem
         # Not whole tiles; all of top-k; below half (split 1 would lose keys).
         for bad in (1000, 2048, 512):
             hooks.cps = bad
@@ -151,7 +151,7 @@ def test_trace_index_share_cps_hook() -> None:
             with pytest.raises(ValueError, match="two-CTA decode cluster plan"):
                 index_share._plan(_geom(128, b=b), 132, True, "wg", False, wg_arch=True)
     finally:
-        index_share._plan, index_share._ws_variant, _common.get_function = saved
+        index_share._plan, _index_share_plan._ws_variant, _common.get_function = saved
 
 
 def _ws_bf16_hd128_builds() -> tuple[list, object, object]:
@@ -213,12 +213,12 @@ def test_cluster_merge_partials_path() -> None:
     builds for either size (for A/Bs); IS_CMDS without IS_CMERGE is refused."""
     from nxrt.api import DataType
     from nxrt.compiler import CompileError, compile_source
-    from nxrt_kernels import _common, index_share
+    from nxrt_kernels import _common, _index_share_builds
 
     src = _common.source("index_share_ws.cu")
 
     def counts(c: int, cmds: int) -> tuple[int, int, int]:
-        v = index_share._ws_variant(DataType.BFLOAT16, 128, 0, c)
+        v = _index_share_builds._ws_variant(DataType.BFLOAT16, 128, 0, c)
         assert v.defines.get("IS_CMDS", 0) == (c == 8), v.defines
         defines = {**v.defines, "IS_CMDS": cmds}
         r = compile_source(src, v.file, "sm_90a", list(_common.defines_to_options(defines)),
@@ -233,7 +233,7 @@ def test_cluster_merge_partials_path() -> None:
         ds_on, l2_on, bars_on = counts(c, 1)
         # (the first of the two extra cluster barriers with the producer too, for racecheck)
         assert ds_on > 0 and l2_on == 0 and bars_on == bars + 2, (c, ds_on, l2_on, bars_on, bars)
-    plain = index_share._ws_variant(DataType.BFLOAT16, 128)
+    plain = _index_share_builds._ws_variant(DataType.BFLOAT16, 128)
     with pytest.raises(CompileError, match="IS_CMDS"):
         compile_source(src, plain.file, "sm_90a", [*plain.options, "-DIS_CMDS=1"],
                        _common.headers(), cubin=False)

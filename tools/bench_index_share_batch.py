@@ -27,7 +27,7 @@ from typing import Any
 import bench_index_share as bis
 from bench import BenchContext, row
 
-from nxrt_kernels import index_share
+from nxrt_kernels import _index_share_plan, index_share
 
 BATCHES = (1, 2, 4, 8, 16, 32, 96, 160, 264)
 
@@ -43,7 +43,7 @@ def previous_plan(n: int, b: int, sm_count: int) -> dict[str, Any]:
     changed nothing: this is also the plan of ``bed7756``, before round 21."""
     if n == 64:
         return {"path": "wg", "ws": 0}
-    splits = min(index_share._choose_splits(b, bis.TOPK, 128, 2048, sm_count),
+    splits = min(_index_share_plan._choose_splits(b, bis.TOPK, 128, 2048, sm_count),
                  index_share.WS_MAX_SPLITS)
     return {"path": "wg", "ws": 1, "splits": splits, "merge": "last"}
 

@@ -430,20 +430,20 @@ def precompile(target: str) -> float:
     from concurrent.futures import ProcessPoolExecutor
 
     from nxrt.api import DataType
-    from nxrt_kernels import index_share
+    from nxrt_kernels import _index_share_builds, index_share
 
     t0 = time.perf_counter()
     jobs = [(index_share._aux_variant(DataType.BFLOAT16).file,
              index_share._aux_variant(DataType.BFLOAT16).options, target)]
     for wm, wn in index_share.MMA_LAYOUTS:
         for pipe in index_share.MMA_PIPES:
-            v = index_share._mma_variant(DataType.BFLOAT16, 128, wm, wn, pipe)
+            v = _index_share_builds._mma_variant(DataType.BFLOAT16, 128, wm, wn, pipe)
             jobs.append((v.file, v.options, target))
     if target.startswith("sm_90"):
         for wgs, mrows in index_share.WG_LAYOUTS:
             for ov in (0, 1):
                 for qr in (0, 1) if (wgs, mrows) == index_share.WG_QREG_LAYOUT else (0,):
-                    v = index_share._wg_variant(DataType.BFLOAT16, 128, wgs, mrows, ov, qr)
+                    v = _index_share_builds._wg_variant(DataType.BFLOAT16, 128, wgs, mrows, ov, qr)
                     jobs.append((v.file, v.options, "sm_90a"))
     try:
         with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),

@@ -151,14 +151,14 @@ class _Hooks:
     the trace buffer as ``part_o`` and the programmatic flag of the attention launch."""
 
     def __init__(self, rt: Any) -> None:
-        from nxrt_kernels import _common, index_share
+        from nxrt_kernels import _common, _index_share_plan, index_share
 
         self.defines: dict[str, str] = {}
         self.src: str | None = None
         self.trace_ptr = 0
         self.pdl = True
         self.cps: int | None = None
-        orig_variant, orig_get, orig_launch = (index_share._ws_variant, _common.get_function,
+        orig_variant, orig_get, orig_launch = (_index_share_plan._ws_variant, _common.get_function,
                                                rt.launch)
         orig_plan = index_share._plan
 
@@ -169,13 +169,13 @@ class _Hooks:
             if p.merge != "cluster" or p.splits != 2:
                 raise ValueError(f"cps={self.cps}: applies to the two-CTA decode cluster plan; "
                                  f"this plan merges {p.merge!r} over {p.splits} splits")
-            kt = p.knobs.get("kt") or index_share._WS_KT
+            kt = p.knobs.get("kt") or _index_share_plan._WS_KT
             # Two splits: split 0 takes cps columns, split 1 the other width - cps (the
             # kernel gives a split at most cps columns, so cps below half would drop keys).
             if self.cps % kt or not g.width <= 2 * self.cps < 2 * g.width:
                 raise ValueError(f"cps={self.cps}: must be a multiple of the {kt}-key tile, "
                                  f"at least half of top-k {g.width} and below it")
-            smem = index_share._ws_smem(g.head_size, self.cps, 0, 1, kt)
+            smem = _index_share_plan._ws_smem(g.head_size, self.cps, 0, 1, kt)
             bound = inspect.signature(orig_plan).bind(g, *a, **k)
             bound.apply_defaults()
             if smem > bound.arguments["smem_max"]:
@@ -211,7 +211,7 @@ class _Hooks:
                     kw["programmatic"] = False
             orig_launch(fn, grid, block, args, shared_mem, **kw)
 
-        index_share._ws_variant = ws_variant
+        _index_share_plan._ws_variant = ws_variant  # (the planner builds its variants)
         index_share._plan = plan
         _common.get_function = get_function
         rt.launch = launch

@@ -63,7 +63,7 @@ static_assert(IS_CHUNKS % IS_THREADS == 0, "every thread issues the same copies 
 #define IS_RPT (IS_KT / IS_SSTEP)  // row slots per thread per tile
 static_assert(IS_THREADS % IS_CPR == 0 && IS_KT % IS_SSTEP == 0, "whole rows per thread pass");
 
-// Dynamic shared memory, in bytes (the host mirrors this in index_share._mma_smem):
+// Dynamic shared memory, in bytes (the host mirrors this in _index_share_plan._mma_smem):
 // sQ[MROWS][LDS], then a union of the stage ring (K then V rows of each stage), the states
 // warps hand over in the WN > 1 merge, and the split finish's weights, then s_key[cps] ints.
 #define IS_Q_BYTES (IS_MROWS * IS_LDS * 2)

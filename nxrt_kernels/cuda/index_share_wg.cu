@@ -23,7 +23,7 @@
 // Masked columns (padding, a poisoned replay's negative index) are zero-filled without a
 // read and score -inf; every gathered key was clamped by is_stage_keys.
 //
-// Shared memory (from a 1024-byte aligned base; index_share._wg_smem mirrors it): Q as HB
+// Shared memory (from a 1024-byte aligned base; _index_share_plan._wg_smem mirrors it): Q as HB
 // 64-channel blocks of [MROWS][128 B] in the 128-byte swizzle (chunk c of row r at c ^ (r & 7)),
 // then ST stages of (K tile, V tile), each HB blocks of [KT][128 B], then s_key[cps] ints.
 // After the loop the ring holds the warpgroup merge and the split finish's weights.

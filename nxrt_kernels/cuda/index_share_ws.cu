@@ -35,7 +35,7 @@
 // Every item loads Q and has the Q empty cycle, even one without a key tile (a split past a
 // row's padding), so the producer's and the consumers' counts stay in step.
 //
-// Shared memory (from a 1024-byte aligned base; index_share._ws_smem mirrors it): Q as HB
+// Shared memory (from a 1024-byte aligned base; _index_share_plan._ws_smem mirrors it): Q as HB
 // blocks of [128][128 B] (128-byte swizzle), NST K slots, NST V slots (HB blocks of
 // [KT keys][128 B] each), 256 bytes of mbarriers, the merge weights [128][IS_WS_MAXS + 1]
 // floats (not with IS_Q2 or IS_CLUSTER), two key slots of cps ints, two raw index slots of
@@ -92,7 +92,7 @@
 #ifndef IS_KT
 #define IS_KT 128
 #endif
-// IS_CMERGE = C, 4 or 8 (decode at small batches, index_share._ws_decode_split): C splits per
+// IS_CMERGE = C, 4 or 8 (decode at small batches, _index_share_plan._ws_decode_split): C splits per
 // task, one item per CTA, the task's C CTAs a cluster; each writes its split partials, and
 // after a cluster barrier each finishes 1 / C of the task's channels from the C partials in
 // L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch (IS_CMDS,
