@@ -115,7 +115,7 @@ def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = 
 
 
 def compile_variants() -> list[Variant]:
-    """Every (file, defines, entries) this module may launch (for ``nxrt warm`` and tests)."""
+    """Every (file, defines, entries) IndexShare may launch (for ``nxrt warm`` and tests)."""
     out: list[Variant] = []
     for dt in FLOAT_TYPES:
         out.append(_aux_variant(dt))

@@ -58,9 +58,10 @@ there): each CTA sends its partner half of its unnormalised output through distr
 shared memory and finishes the other half, with the last-arrival merge's arithmetic (the
 same bits), and no split partials or counters in global memory. Decode rows of up to half
 the SMs take eight splits of two tiles per task instead (or four, at up to twice the rows),
-as eight- (four-) CTA clusters: after a cluster barrier each CTA stores its partials
-straight into the shared memory of the CTAs that finish them (four: writes them to L2),
-and after a second one finishes its share of the task's channels (``merge="cluster"``
+as eight- (four-) CTA clusters. Eight: after a cluster barrier each CTA stores its
+partials straight into the shared memory of the CTAs that finish them, and after a second
+one finishes its share of the task's channels; four: each CTA writes its partials to L2,
+and after one cluster barrier finishes its share from there (``merge="cluster"``
 with ``splits`` 4 or 8; the planner's rule for decode is ``_ws_decode_split``, measured in
 NOTES, IndexShare rounds 20-22).
 Every path is bitwise deterministic: fixed reduction orders, no floating-point atomics,
@@ -103,6 +104,7 @@ from ._index_share_builds import (
     WS_KTS,
     WS_MAX_SPLITS,
     WS_MIN_GROUP,
+    WS_SLOTS,
     _aux_variant,
     _max_head_size,
     compile_variants,
@@ -127,7 +129,7 @@ from ._ref_index_share import (
 __all__ = ["IndexShareFactory", "IndexShareKernel", "compile_variants", "find_index_violation",
            "check_selected_indices", "IndexViolation", "SelectedIndicesError", "MMA_LAYOUTS",
            "MMA_PIPES", "PLAN_KNOBS", "WG_LAYOUTS", "WG_MIN_GROUP", "WG_MINB", "WG_QREG_LAYOUT",
-           "WS_KTS", "WS_MAX_SPLITS", "WS_MIN_GROUP"]
+           "WS_KTS", "WS_MAX_SPLITS", "WS_MIN_GROUP", "WS_SLOTS"]
 
 
 # ---------------------------------------------------------------------------------------

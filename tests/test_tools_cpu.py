@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
                                          ("trace_index_share.py", "decode cluster kernel"),
                                          ("graph_gap.py", "one-kernel graph, by kernel shape"),
                                          ("rc_cluster_probe.py", "follow cp.async copies"),
+                                         ("plan_snapshot.py", "IndexShare's plan for a grid"),
                                          ("bench.py", "back-to-back calls before each timed")])
 def test_tool_help(tool: str, words: str) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--help"],
@@ -33,6 +34,31 @@ def test_bench_refuses_bad_warm_up(value: str) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "bench.py"), "index_share",
                         "--warm-ms", value], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "--warm-ms: must be a finite number >= 0" in r.stderr, r.stderr
+
+
+def test_plan_snapshot_quick(tmp_path: Path) -> None:
+    """The planner snapshot (for refactors that must not change a plan) is deterministic,
+    holds plans and refusals, and a changed planner shows in it."""
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "plan_snapshot.py"), "--quick",
+                        str(tmp_path / "a.txt")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "38976 calls" in r.stdout, (r.stdout, r.stderr)
+    a = (tmp_path / "a.txt").read_text().splitlines()
+    assert len(a) == 38976
+    assert any("-> _Plan(path='wg'" in s and "index_share_ws.cu" in s for s in a)
+    assert any("-> KernelError:" in s for s in a)
+    sys.path.insert(0, str(ROOT / "tools"))
+    import plan_snapshot
+
+    from nxrt_kernels import _index_share_plan
+
+    saved = _index_share_plan._WS_SPLIT_ITEM_TILES
+    try:
+        _index_share_plan._WS_SPLIT_ITEM_TILES = 0  # a rule change: some plans move
+        b = plan_snapshot.snapshot(quick=True)
+    finally:
+        _index_share_plan._WS_SPLIT_ITEM_TILES = saved
+    assert plan_snapshot.snapshot(quick=True) == a
+    assert len(b) == len(a) and b != a
 
 
 def test_graph_gap_refuses_bad_spin() -> None:

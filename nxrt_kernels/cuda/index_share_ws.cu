@@ -96,16 +96,18 @@
 // task, one item per CTA, the task's C CTAs a cluster; each writes its split partials, and
 // after a cluster barrier each finishes 1 / C of the task's channels from the C partials in
 // L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch (IS_CMDS,
-// below: through distributed shared memory instead; index_share sets it for eight CTAs).
+// below: through distributed shared memory instead; _index_share_builds._ws_variant sets it
+// for eight CTAs).
 #ifndef IS_CMERGE
 #define IS_CMERGE 0
 #endif
 #if IS_CMERGE && (IS_CLUSTER || IS_Q2 || (IS_CMERGE != 4 && IS_CMERGE != 8))
 #error "IS_CMERGE is 4 or 8 (the cluster's CTAs = splits), without IS_CLUSTER or IS_Q2"
 #endif
-// IS_CMDS (with IS_CMERGE; index_share sets it for eight CTAs): the partials go through
-// distributed shared memory instead of L2: once every CTA of the cluster is done with its ring
-// (a cluster barrier that the producer takes part in once its copies landed), each thread
+// IS_CMDS (with IS_CMERGE; _index_share_builds._ws_variant sets it for eight CTAs): the
+// partials go through distributed shared memory instead of L2: once every CTA of the cluster
+// is done with its ring (a cluster barrier that the producer takes part in once its copies
+// landed), each thread
 // stores its O values and rows' (m, L) straight from registers into the ring of the CTA that
 // finishes their channels ([split][row][HD / C] floats, then [split][row] (m, L) pairs), and
 // after a second cluster barrier each CTA merges from its own shared memory (the same
