@@ -107,16 +107,16 @@
 // IS_CMDS (with IS_CMERGE; _index_share_builds._ws_variant sets it for eight CTAs): the
 // partials go through distributed shared memory instead of L2: once every CTA of the cluster
 // is done with its ring (a cluster barrier that the producer takes part in once its copies
-// landed), each thread
-// stores its O values and rows' (m, L) straight from registers into the ring of the CTA that
-// finishes their channels ([split][row][HD / C] floats, then [split][row] (m, L) pairs), and
-// after a second cluster barrier each CTA merges from its own shared memory (the same
-// arithmetic, the same bits). H200 (NOTES, IndexShare rounds 21-22): 0.1-1.2 us faster per
-// call than through L2 with eight CTAs (0.4-1.9 in one graph), 0.3-1.7 us slower with four. compute-sanitizer's
-// racecheck (2025.3) reports write-after-write hazards between the ring's cp.async copies and
-// the partners' stores; it reports the same for a two-CTA kernel that orders them by
-// cp.async.wait_group and a release/acquire cluster barrier (tools/rc_cluster_probe.py), and
-// none when the first write is a plain store: a limit of the tool (benchmarks/sanitize.md).
+// landed), each thread stores its O values and rows' (m, L) straight from registers into the
+// ring of the CTA that finishes their channels ([split][row][HD / C] floats, then
+// [split][row] (m, L) pairs), and after a second cluster barrier each CTA merges from its
+// own shared memory (the same arithmetic, the same bits). H200 (NOTES, IndexShare rounds
+// 21-22): 0.1-1.2 us faster per call than through L2 with eight CTAs (0.4-1.9 in one graph),
+// 0.3-1.7 us slower with four. compute-sanitizer's racecheck (2025.3) reports
+// write-after-write hazards between the ring's cp.async copies and the partners' stores; it
+// reports the same for a two-CTA kernel that orders them by cp.async.wait_group and a
+// release/acquire cluster barrier (tools/rc_cluster_probe.py), and none when the first write
+// is a plain store: a limit of the tool (benchmarks/sanitize.md).
 #ifndef IS_CMDS
 #define IS_CMDS 0
 #endif
