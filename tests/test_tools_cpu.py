@@ -681,6 +681,43 @@ def test_bench_spread_refuses_a_row_twice() -> None:
     assert got[0]["met"] == 1 and "1/1" in markdown(got, ["x"], 0.0)
 
 
+def test_bench_spread_peer_filter(tmp_path: Path) -> None:
+    """--peer keeps the rows whose peer starts with it: a result with a row per peer per case
+    (IndexShare since 2026-12-02) is refused without it and summarised per peer with it."""
+    def run(fast: float, slow: float) -> dict:
+        rows = []
+        for case in ("c", "c, 8 calls in one graph"):
+            graph = ", same graph" if "graph" in case else ""
+            rows += [{"bench": "b", "case": case, "metric": "GB/s", "ours": 3.0,
+                      "peer": "copy-bandwidth", "peer_value": 4.0, "ratio": 0.75},
+                     {"bench": "b", "case": case, "metric": "1/ms", "ours": 40.0,
+                      "peer": "torch-index_select-sdpa" + graph, "peer_value": 40.0 / fast,
+                      "ratio": fast},
+                     {"bench": "b", "case": case, "metric": "1/ms", "ours": 40.0,
+                      "peer": "torch-gather-sdpa" + graph, "peer_value": 40.0 / slow,
+                      "ratio": slow}]
+        return {"commit": "x", "rows": rows}
+
+    files = []
+    for i, (fast, slow) in enumerate([(8.5, 10.1), (8.7, 9.9), (8.6, 10.3)]):
+        f = tmp_path / f"r{i}.json"
+        f.write_text(json.dumps(run(fast, slow)))
+        files.append(str(f))
+    tool = [sys.executable, str(ROOT / "tools" / "bench_spread.py"), *files, "--metric", "1/ms",
+            "--target", "10"]
+    r = subprocess.run(tool, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "twice" in r.stderr and "--peer" in r.stderr, r.stderr
+    r = subprocess.run([*tool, "--peer", "torch-index_select-sdpa"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| b | c | 1/ms | 40 (40-40) | 4.651 (4.598-4.706) | 8.6 (8.5-8.7) | 0/3 |" in r.stdout
+    assert "| b | c, 8 calls in one graph | 1/ms |" in r.stdout
+    r = subprocess.run([*tool, "--peer", "torch-gather-sdpa"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "| 10.1 (9.9-10.3) | 2/3 |" in r.stdout and "8.6" not in r.stdout
+
+
 def test_bench_index_share_batch_plans() -> None:
     """The small-batch bench's rows and pinned plans (pure: no GPU): the previous planner's
     choices it compares against, and that today's planner picks otherwise for them."""

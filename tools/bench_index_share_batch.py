@@ -10,7 +10,8 @@ much as its gathers (round 21). Rows: decode, top-k 2048, H 128, bf16, one kv he
 Per row, timed as ``bench_index_share`` times its decode rows (graph replays alternating two
 input sets):
 
-- ours, the planner's default, one call per graph, against the torch gather + SDPA peer;
+- ours, the planner's default, one call per graph, against the torch gather + SDPA peer
+  (``index_select``, ``bench_index_share.PEERS``; before 2026-12-02 advanced indexing);
 - the same call against pinned plans in the same process: the two-CTA cluster split of the
   B 64 rows (``splits=2, merge="cluster"``; where its clusters fit in one wave) and the plan
   the planner took before round 20 (:func:`previous_plan`, which past 66 rows is also the
@@ -89,7 +90,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     sm = rt.capabilities.sm_count
     sets = [bis.make_inputs(torch, c, 1234 + i) for i in range(2)]
     torch.cuda.synchronize()
-    peers = [bis.torch_peer(torch, c, s) for s in sets]
+    gather, peer_label = bis.PEERS[0]  # the faster torch gather
+    peers = [bis.torch_peer(torch, c, s, gather=gather) for s in sets]
     tms = ctx.time_torch(lambda: [p() for p in peers], warmup=2, reps=10) / len(peers)
     ref = peers[0]().float()
 
@@ -97,7 +99,7 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
     rel = float(torch.linalg.vector_norm(ref - y.float()) / torch.linalg.vector_norm(ref))
     name = (f"bf16 decode B{c['b']} Sq1 N{c['n']} Nkv1 H{bis.HEAD} cache{c['cache'] // 1024}k "
             f"top{bis.TOPK} ({words})")
-    rows = [row("index_share_batch", name, "1/ms", 1.0 / ms, "torch-gather-sdpa", 1.0 / tms,
+    rows = [row("index_share_batch", name, "1/ms", 1.0 / ms, peer_label, 1.0 / tms,
                 ms=round(ms, 4), peer_ms=round(tms, 4), rel_fro_vs_torch=round(rel, 5))]
     pinned = [("pinned previous plan", previous_plan(c["n"], c["b"], sm))]
     if 2 * c["b"] <= sm:  # (the two-CTA clusters in one wave: one item per CTA)
@@ -108,12 +110,12 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
                         1.0 / pms, ms=round(ms, 4), peer_ms=round(pms, 4)))
     kern = _kernel(rt, c, None)
     try:
-        g = bis.in_one_graph(ctx, kern, sets, peers)
+        g = bis.in_one_graph(ctx, kern, sets, {gather: peers})
     finally:
         kern.close()
     rows.append(row("index_share_batch", f"{name}, {g['calls']} calls in one graph", "1/ms",
-                    1.0 / g["ms"], "torch-gather-sdpa, same graph", 1.0 / g["peer_ms"],
-                    ms=round(g["ms"], 4), peer_ms=round(g["peer_ms"], 4)))
+                    1.0 / g["ms"], f"{peer_label}, same graph", 1.0 / g["peer_ms"][gather],
+                    ms=round(g["ms"], 4), peer_ms=round(g["peer_ms"][gather], 4)))
     return rows
 
 

@@ -37,7 +37,8 @@ def spread(results: list[dict[str, Any]], target: float | None = None) -> list[d
         for r in res["rows"]:
             key = (r["bench"], r["case"], r["metric"])
             if key in k:
-                raise ValueError(f"run {i}: row {key} twice")
+                raise ValueError(f"run {i}: row {key} twice (rows against two peers? pick one "
+                                 "with --peer)")
             k[key] = r
         keyed.append(k)
     out = []
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="one column per board (the results' gpu_uuid)")
     ap.add_argument("--bench", help="only rows of this benchmark (e.g. index_share)")
     ap.add_argument("--metric", help="only rows of this metric (e.g. 1/ms)")
+    ap.add_argument("--peer", help="only rows whose peer starts with this (e.g. "
+                                   "torch-index_select-sdpa: a row per peer per case)")
     ap.add_argument("--target", type=float, help="count the runs whose ratio is at least this")
     ap.add_argument("--md", type=Path, help="also write the table here")
     args = ap.parse_args(argv)
@@ -135,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             res = json.loads(p.read_text())
             rows = [r for r in res["rows"] if args.bench in (None, r["bench"])
-                    and args.metric in (None, r["metric"]) and r["case"] is not None]
+                    and args.metric in (None, r["metric"]) and r["case"] is not None
+                    and (args.peer is None or str(r.get("peer", "")).startswith(args.peer))]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             ap.error(f"{p}: not a bench.py result ({type(exc).__name__}: {exc})")
         return dict(res, rows=rows)
