@@ -683,7 +683,7 @@ def test_bench_spread_refuses_a_row_twice() -> None:
 
 def test_bench_spread_peer_filter(tmp_path: Path) -> None:
     """--peer keeps the rows whose peer starts with it: a result with a row per peer per case
-    (IndexShare since 2026-12-02) is refused without it and summarised per peer with it."""
+    (IndexShare since commit b889e86) is refused without it and summarised per peer with it."""
     def run(fast: float, slow: float) -> dict:
         rows = []
         for case in ("c", "c, 8 calls in one graph"):

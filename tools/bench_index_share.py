@@ -11,10 +11,11 @@ selected key) — the heads that share an index row share its rows — against t
 ceiling measured in the same run. The peers are torch on the same inputs: a gather of the
 selected K/V rows, then ``scaled_dot_product_attention`` (index tensors built outside the
 timed region), with the gather written two ways (``PEERS``): ``index_select`` on the
-flattened cache (torch's fastest eager gather we measured: 15-20 % faster than advanced
-indexing at these shapes; NOTES, IndexShare round 24), the speed row's first peer, and
-advanced indexing (``kc[b_idx, idx]``, the only peer before 2026-12-02), kept as a second
-row so that new runs still compare with the earlier ones. Decode rows are also timed as
+flattened cache (as fast as any eager gather we measured: at the decode rows 15-20 % faster
+than advanced indexing, at prefill 4-8 %; NOTES, IndexShare round 24), the speed row's first
+peer, and advanced indexing (``kc[b_idx, idx]``, the only peer before commit ``b889e86``),
+kept as a second row so that new runs still compare with the earlier ones. Both peers give
+the same bits; each row records whether they did (``peers_bitwise_equal``). Decode rows are also timed as
 ``STEP_CALLS`` calls captured in one graph (ours in one nxrt graph, torch's in one torch CUDA
 graph), as attention's decode rows are: a model's decode step is one graph of many nodes,
 so a single call per graph mostly adds the graph's own launch.
@@ -73,7 +74,7 @@ def make_inputs(torch: Any, c: dict[str, Any], seed: int, k: int = TOPK, h: int 
 
 #: The torch peers (gather, speed-row label): index_select on the flattened cache first (the
 #: faster; the issue's target is judged against it), advanced indexing second (the label every
-#: result before 2026-12-02 carries for it).
+#: result before commit b889e86 carries for it).
 PEERS = (("index_select", "torch-index_select-sdpa"), ("advanced", "torch-gather-sdpa"))
 
 
@@ -229,7 +230,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
         tms[g] = ctx.time_torch(peer_calls, warmup=2, reps=10) / len(peers)
         peer_state[g] = ctx.sustained_state(peer_calls, torch.cuda.synchronize)
     ref = peer_sets[PEERS[0][0]][0]().float()
-    if not torch.equal(ref, peer_sets[PEERS[1][0]][0]().float()):
+    peers_equal = bool(torch.equal(ref, peer_sets[PEERS[1][0]][0]().float()))
+    if not peers_equal:
         ctx.log(f"index_share {c}: the torch peers disagree (they gather the same rows)")
     rel = float(torch.linalg.vector_norm(ref - first.float()) / torch.linalg.vector_norm(ref))
     gbps = gathered_bytes(c) / ms / 1e6
@@ -256,7 +258,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
 
     def extra(g: str, **kw: Any) -> dict[str, Any]:
         return dict(ms=round(ms, 4), peer_ms=round(tms[g], 4), deterministic=deterministic,
-                    rel_fro_vs_torch=round(rel, 5), state=state, peer_state=peer_state[g], **kw)
+                    rel_fro_vs_torch=round(rel, 5), peers_bitwise_equal=peers_equal,
+                    state=state, peer_state=peer_state[g], **kw)
 
     first_peer = PEERS[0][0]
     rows = [row("index_share", name, "GB/s", gbps, "copy-bandwidth", ceiling,
@@ -292,7 +295,8 @@ def describe_state(st: dict | None) -> str:
 
 
 def run(ctx: BenchContext) -> list[dict]:
-    """One GB/s row (vs the copy ceiling) and one speed row (vs torch) per case."""
+    """Per case (and for decode, again for 8 calls in one graph): one GB/s row (vs the copy
+    ceiling) and one speed row per torch peer (``PEERS``)."""
     if ctx.torch is None:
         ctx.log("index_share: torch with CUDA is needed for the inputs and the peer; skipped")
         return []
@@ -307,9 +311,9 @@ def run(ctx: BenchContext) -> list[dict]:
         for r in got:
             ctx.log(f"{r['case']}: {r['metric']} ours {r['ours']} peer {r['peer_value']} "
                     f"ratio {r['ratio']}")
-        for r in got[::2]:
-            if r.get("state") or r.get("peer_state"):
+        for r in got:
+            if r["metric"] == "1/ms" and (r.get("state") or r.get("peer_state")):
                 ctx.log(f"{r['case']}: sustained ours {describe_state(r.get('state'))}; "
-                        f"peer {describe_state(r.get('peer_state'))}")
+                        f"{r['peer']} {describe_state(r.get('peer_state'))}")
         ctx.torch.cuda.empty_cache()
     return rows

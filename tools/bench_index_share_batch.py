@@ -11,7 +11,7 @@ Per row, timed as ``bench_index_share`` times its decode rows (graph replays alt
 input sets):
 
 - ours, the planner's default, one call per graph, against the torch gather + SDPA peer
-  (``index_select``, ``bench_index_share.PEERS``; before 2026-12-02 advanced indexing);
+  (``index_select``, ``bench_index_share.PEERS``; before commit ``b889e86`` advanced indexing);
 - the same call against pinned plans in the same process: the two-CTA cluster split of the
   B 64 rows (``splits=2, merge="cluster"``; where its clusters fit in one wave) and the plan
   the planner took before round 20 (:func:`previous_plan`, which past 66 rows is also the

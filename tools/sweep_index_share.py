@@ -12,7 +12,9 @@ variant listed in ``VARIANTS`` (tensor-core warp layout, ring depth, splits, spl
    previous step's rows), CUDA events, median of ``--reps`` (>= 20) pairs; GB/s counts the
    gathered K/V bytes once per (batch, query, selected key) as the benchmark does;
 3. the copy ceiling (``rt.dtod`` of 2 GiB, read + write bytes), the replay time of a graph
-   holding one empty kernel (the launch floor), and the torch gather + SDPA peer per shape.
+   holding one empty kernel (the launch floor), and the torch gather + SDPA peer per shape
+   (advanced indexing, the bench's peer before ``b889e86``: the sweep keeps it, so its
+   tables compare with the earlier ones).
 
 Each phase runs in a worker process, so a variant that faults the context is reported
 FAILED and the sweep goes on with the next one. The table is printed last; ``--out DIR``
@@ -332,7 +334,7 @@ class Worker:
         key = shape_name(c)
         if key not in self.peer_out:
             sets = self._inputs(c)
-            self.peer_out[key] = bis.torch_peer(self.torch, c, sets[0])().float()
+            self.peer_out[key] = bis.torch_peer(self.torch, c, sets[0], gather="advanced")().float()
         return self.peer_out[key]
 
     def time(self, c: dict[str, Any], knobs: dict | None) -> dict[str, Any]:
@@ -372,7 +374,7 @@ class Worker:
         import bench_index_share as bis
 
         sets = self._inputs(c)
-        peers = [bis.torch_peer(self.torch, c, s) for s in sets]
+        peers = [bis.torch_peer(self.torch, c, s, gather="advanced") for s in sets]
         ms = self.ctx.time_torch(lambda: [p() for p in peers], warmup=2, reps=10) / len(peers)
         return dict(ms=ms, GBps=bis.gathered_bytes(c) / ms / 1e6)
 
@@ -576,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         tr = res.get(f"torch:{sn}", {})
         tms, tg = tr.get("ms"), tr.get("GBps")
         pct = num(100 * tg / copy, "5.0f") + "%" if (tg and copy) else ""
-        lines.append(f"{sn:<16} {'torch gather+sdpa':<24} {'':<34} {num(tms, '8.4f'):>8} "
+        lines.append(f"{sn:<16} {'torch adv-index+sdpa':<24} {'':<34} {num(tms, '8.4f'):>8} "
                      f"{'':>8} {num(tg, '7.0f'):>7} {pct:>6} {'':>7} "
                      f"{'' if tms else 'FAILED ' + str(tr.get('error', ''))[:70]}")
         for name, _ in variants(c):
