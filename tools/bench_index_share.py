@@ -273,7 +273,8 @@ def _one(ctx: BenchContext, c: dict[str, Any]) -> list[dict]:
 
         def gextra(g: str, **kw: Any) -> dict[str, Any]:
             return dict(ms=round(one["ms"], 4), peer_ms=round(one["peer_ms"][g], 4),
-                        state=one["state"], peer_state=one["peer_state"][g], **kw)
+                        peers_bitwise_equal=peers_equal, state=one["state"],
+                        peer_state=one["peer_state"][g], **kw)
 
         rows += [row("index_share", gname, "GB/s", ggbps, "copy-bandwidth", ceiling,
                      **gextra(first_peer, of_ceiling=None if not ceiling else ggbps / ceiling))]
