@@ -93,41 +93,34 @@ def torch_peer(torch: Any, c: dict[str, Any], s: dict, k: int = TOPK, h: int = H
     scale = 1.0 / math.sqrt(h)
     ig = s["idx"][:, 0].long()  # [B, Sq, K]
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    if nkv == 1:
-        k2, v2, qt = s["kc"][:, 0], s["vc"][:, 0], s["q"].permute(0, 2, 1, 3)
-        if gather == "advanced":
-            bi = torch.arange(b, device="cuda")[:, None, None]
-
-            def gathered() -> tuple[Any, Any]:
-                return k2[bi, ig], v2[bi, ig]  # [B, Sq, K, H]
-        else:
-            kf, vf = k2.reshape(b * cache, h), v2.reshape(b * cache, h)
-            flat = (ig + (torch.arange(b, device="cuda") * cache)[:, None, None]).reshape(-1)
-
-            def gathered() -> tuple[Any, Any]:
-                return (kf.index_select(0, flat).view(b, sq, k, h),
-                        vf.index_select(0, flat).view(b, sq, k, h))
-
-        def run() -> Any:
-            kg, vg = gathered()
-            # The heads sharing the row act as the query axis of one attention per (b, q).
-            return sdpa(qt, kg, vg, scale=scale).permute(0, 2, 1, 3)
-        return run
     bi = torch.arange(b, device="cuda")[:, None, None, None]
     hi = torch.arange(nkv, device="cuda")[None, :, None, None]
     ig4 = ig[:, None]
-    if gather == "advanced":
-        def gathered_mha() -> tuple[Any, Any]:
-            return s["kc"][bi, hi, ig4], s["vc"][bi, hi, ig4]  # [B, N, Sq, K, H]
-    else:
-        kf, vf = s["kc"].reshape(b * nkv * cache, h), s["vc"].reshape(b * nkv * cache, h)
-        flat4 = ((bi * nkv + hi) * cache + ig4).reshape(-1)
+    if gather == "index_select":
+        # Row numbers of the cache flattened to [B * Nkv * cache, H], in [B, Nkv, Sq, K] order.
+        kf, vf = s["kc"].reshape(-1, h), s["vc"].reshape(-1, h)
+        flat = ((bi * nkv + hi) * cache + ig4).reshape(-1)
 
-        def gathered_mha() -> tuple[Any, Any]:
-            return kf.index_select(0, flat4), vf.index_select(0, flat4)
+        def selected() -> tuple[Any, Any]:
+            return kf.index_select(0, flat), vf.index_select(0, flat)
+    if nkv == 1:
+        k2, v2, qt = s["kc"][:, 0], s["vc"][:, 0], s["q"].permute(0, 2, 1, 3)
+        b3 = bi[..., 0]
+
+        def run() -> Any:
+            if gather == "advanced":
+                kg, vg = k2[b3, ig], v2[b3, ig]  # [B, Sq, K, H]
+            else:
+                kg, vg = (x.view(b, sq, k, h) for x in selected())
+            # The heads sharing the row act as the query axis of one attention per (b, q).
+            return sdpa(qt, kg, vg, scale=scale).permute(0, 2, 1, 3)
+        return run
 
     def run_mha() -> Any:
-        kg, vg = gathered_mha()
+        if gather == "advanced":
+            kg, vg = s["kc"][bi, hi, ig4], s["vc"][bi, hi, ig4]  # [B, N, Sq, K, H]
+        else:
+            kg, vg = selected()
         o = sdpa(s["q"].reshape(b * n, sq, 1, h), kg.reshape(b * n, sq, k, h),
                  vg.reshape(b * n, sq, k, h), scale=scale)
         return o.reshape(b, n, sq, h)
