@@ -1,8 +1,8 @@
-"""Build hook for the optional compiled launch path (``nxrt._launchc``).
+"""Build hook for the optional compiled launch path (``attnrt.runtime._launchc``).
 
 Everything else is in pyproject.toml. The extension uses only the stable ABI (one binary
 for Python >= 3.10) and links nothing; ``optional=True`` means a machine without a C
-compiler still installs nxrt, and ``CudaRuntime.launch`` then runs its ctypes path.
+compiler still installs attnrt, and ``CudaRuntime.launch`` then runs its ctypes path.
 """
 
 from setuptools import Extension, setup
@@ -10,8 +10,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "nxrt._launchc",
-            ["nxrt/_launchc.c"],
+            "attnrt.runtime._launchc",
+            ["attnrt/runtime/_launchc.c"],
             define_macros=[("Py_LIMITED_API", "0x030A0000")],
             py_limited_api=True,
             optional=True,

@@ -7,10 +7,10 @@ import contextlib
 
 import numpy as np
 
-import nxrt
-from nxrt.api import Node
-from nxrt_kernels import reference
-from nxrt_kernels.attention import AttentionKernel
+import attnrt
+from attnrt.ops import reference
+from attnrt.ops.attention import AttentionKernel
+from attnrt.runtime.api import Node
 from tests._util import TOL, rel_fro
 
 
@@ -47,9 +47,9 @@ class Buffers(contextlib.ExitStack):
         super().__init__()
         self.rt = rt
 
-    def array(self, host=None, shape=None, dtype=None) -> nxrt.DeviceArray:
-        a = (nxrt.DeviceArray.from_numpy(self.rt, host) if host is not None
-             else nxrt.DeviceArray(self.rt, shape, dtype))
+    def array(self, host=None, shape=None, dtype=None) -> attnrt.DeviceArray:
+        a = (attnrt.DeviceArray.from_numpy(self.rt, host) if host is not None
+             else attnrt.DeviceArray(self.rt, shape, dtype))
         self.callback(a.free)
         return a
 

@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 from hypothesis import HealthCheck, settings
 
-from nxrt.api import DataType, TensorMut, TensorView
-from nxrt.errors import CaptureError, CudaError
-from nxrt.latch import Latch
+from attnrt.runtime.api import DataType, TensorMut, TensorView
+from attnrt.runtime.errors import CaptureError, CudaError
+from attnrt.runtime.latch import Latch
 
 __all__ = ["FakeRuntime", "FakeFunction", "FakeLaunchError", "Launch"]
 
@@ -98,7 +98,7 @@ def _dim3(v: Any, what: str) -> tuple[int, int, int]:
 
 
 class FakeRuntime:
-    """The parts of :class:`nxrt.CudaRuntime` the op modules use, without a GPU.
+    """The parts of :class:`attnrt.CudaRuntime` the op modules use, without a GPU.
 
     Parameters
     ----------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import nxrt
+import attnrt
 
 
 def rel_fro(out: np.ndarray, ref: np.ndarray) -> float:
@@ -17,4 +17,4 @@ def rel_fro(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(o - r) / (denom if denom > 0 else 1.0))
 
 
-TOL = {nxrt.DataType.FLOAT: 1e-5, nxrt.DataType.FLOAT16: 2e-3, nxrt.DataType.BFLOAT16: 1e-2}
+TOL = {attnrt.DataType.FLOAT: 1e-5, attnrt.DataType.FLOAT16: 2e-3, attnrt.DataType.BFLOAT16: 1e-2}

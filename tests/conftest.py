@@ -8,20 +8,20 @@ import tempfile
 import numpy as np
 import pytest
 
-import nxrt
+import attnrt
 
 try:  # torch (optional, GPU tests only) is imported before any test module runs
     import torch  # noqa: F401
 except Exception:  # absent or broken: the tests that need it skip themselves
     pass
 
-GPU_REASON = nxrt.gpu_missing_reason()
+GPU_REASON = attnrt.gpu_missing_reason()
 
 
 def pytest_configure(config):
-    # Tests never touch the user's cache unless NXRT_CACHE_DIR is set explicitly.
-    if "NXRT_CACHE_DIR" not in os.environ:
-        os.environ["NXRT_CACHE_DIR"] = tempfile.mkdtemp(prefix="nxrt-test-cache-")
+    # Tests never touch the user's cache unless ATTNRT_CACHE_DIR is set explicitly.
+    if "ATTNRT_CACHE_DIR" not in os.environ:
+        os.environ["ATTNRT_CACHE_DIR"] = tempfile.mkdtemp(prefix="nxrt-test-cache-")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,7 +38,7 @@ def rt():
     """One CudaRuntime for the whole session (device 0)."""
     if GPU_REASON is not None:
         pytest.skip(f"gpu test: {GPU_REASON}")
-    runtime = nxrt.CudaRuntime(0)
+    runtime = attnrt.CudaRuntime(0)
     yield runtime
     runtime.close()
 

@@ -1,4 +1,4 @@
-"""The kernel protocol types (nxrt.api): DataType, Node getters, tensor metadata and views,
+"""The kernel protocol types (attnrt.runtime.api): DataType, Node getters, tensor metadata and views,
 workspaces, capture support, and the Kernel/KernelFactory protocols. No GPU needed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nxrt.api import (
+from attnrt.runtime.api import (
     CaptureSupport,
     DataType,
     Kernel,

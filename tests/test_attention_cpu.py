@@ -13,11 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nxrt import compiler
-from nxrt.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceRequirement
-from nxrt.errors import CaptureError, KernelError, WorkspaceError
-from nxrt_kernels import _common, attention, factory_class, reference
-from nxrt_kernels.attention import (
+from attnrt.ops import _common, attention, factory_class, reference
+from attnrt.ops.attention import (
     AttentionFactory,
     AttentionKernel,
     Attrs,
@@ -29,6 +26,9 @@ from nxrt_kernels.attention import (
     split_layout,
     unfused_layout,
 )
+from attnrt.runtime import compiler
+from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceRequirement
+from attnrt.runtime.errors import CaptureError, KernelError, WorkspaceError
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
 

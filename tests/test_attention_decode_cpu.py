@@ -10,11 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nxrt import compiler
-from nxrt.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
-from nxrt.errors import KernelError
-from nxrt_kernels import _common, attention
-from nxrt_kernels.attention import (
+from attnrt.ops import _common, attention
+from attnrt.ops.attention import (
     DEC_CLUSTERS,
     DEC_MAX_SPLITS,
     DEC_TILES,
@@ -29,6 +26,9 @@ from nxrt_kernels.attention import (
     plan,
     split_layout,
 )
+from attnrt.runtime import compiler
+from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.errors import KernelError
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
 

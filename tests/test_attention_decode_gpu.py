@@ -8,9 +8,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
-from nxrt_kernels import attention
-from nxrt_kernels.attention import AttentionKernel
+from attnrt.ops import attention
+from attnrt.ops.attention import AttentionKernel
+from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from tests._attention_util import Buffers, check, host_inputs, make_node
 
 pytestmark = pytest.mark.gpu

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import nxrt
-from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
-from nxrt.errors import CaptureError, KernelError, WorkspaceError
-from nxrt.executor import Executor
-from nxrt_kernels.attention import AttentionFactory, AttentionKernel
+import attnrt
+from attnrt.ops.attention import AttentionFactory, AttentionKernel
+from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.errors import CaptureError, KernelError, WorkspaceError
+from attnrt.runtime.executor import Executor
 from tests._attention_util import Buffers, check, host_inputs, make_node
 
 pytestmark = pytest.mark.gpu
@@ -177,7 +177,7 @@ def test_large_head_dim_takes_unfused(rt, ledger, rng):
     check(node, host, got, F16)
     with pytest.raises(KernelError, match="D = 320"):
         AttentionKernel.fused(rt, node).workspace_requirement(
-            [nxrt.TensorMetadata(F16, h.shape) for h in host[:3]])
+            [attnrt.TensorMetadata(F16, h.shape) for h in host[:3]])
 
 
 def test_empty_keys_give_zeros(rt, ledger, rng):
@@ -290,7 +290,7 @@ def _wg_child() -> None:
     """Child-process body of test_wg_path_in_child_process: every case on a fresh runtime."""
     import zlib
 
-    rt = nxrt.CudaRuntime(0)
+    rt = attnrt.CudaRuntime(0)
     before = rt.memory_stats().live_bytes
     failures = []
     for c in WG_CASES:
@@ -351,7 +351,7 @@ PERSIST_CASES = [
 def test_wg_persistent_matches_one_cta_per_item(rt, ledger, rng, monkeypatch, case):
     if tuple(rt.capabilities.compute_capability) != (9, 0):
         pytest.skip("path='wg' (sm_90a wgmma) needs compute capability 9.0")
-    from nxrt_kernels import attention as A
+    from attnrt.ops import attention as A
 
     dtype, B, H, Hkv, Sq, Sk, D, attrs, planes, splits = case
     node = make_node(H, Hkv, _mask=bool(planes), **attrs)
@@ -378,7 +378,7 @@ def test_wg_refused_where_it_cannot_run(rt, ledger):
     """Forcing path='wg' on what the kernel does not take is a KernelError before any launch."""
     node = make_node(4, 2)
     for dtype, D in ((F32, 64), (F16, 80), (BF16, 256)):
-        metas = [nxrt.TensorMetadata(dtype, (1, 4, 17, D)), nxrt.TensorMetadata(dtype, (1, 2, 33, D)),
-                 nxrt.TensorMetadata(dtype, (1, 2, 33, D))]
+        metas = [attnrt.TensorMetadata(dtype, (1, 4, 17, D)), attnrt.TensorMetadata(dtype, (1, 2, 33, D)),
+                 attnrt.TensorMetadata(dtype, (1, 2, 33, D))]
         with pytest.raises(KernelError, match="path='wg'"):
             AttentionKernel(rt, node, path="wg").workspace_requirement(metas)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nxrt import cache as cache_mod
-from nxrt import compiler
-from nxrt.cache import CompileCache
-from nxrt.errors import PerformanceWarning
+from attnrt.runtime import cache as cache_mod
+from attnrt.runtime import compiler
+from attnrt.runtime.cache import CompileCache
+from attnrt.runtime.errors import PerformanceWarning
 
 ARCH = "sm_80"
 TINY = 'extern "C" __global__ void k(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = 1.0f; }\n'
@@ -279,7 +279,7 @@ def test_entry_path_is_a_directory(tmp_path, entries_bytes):
 
 @pytest.mark.parametrize("value", ["0", "false", "off", "no", "OFF", " 0 "])
 def test_nxrt_cache_0_disables_disk(tmp_path, monkeypatch, value):
-    monkeypatch.setenv("NXRT_CACHE", value)
+    monkeypatch.setenv("ATTNRT_CACHE", value)
     c = CompileCache(tmp_path / "cache")
     assert c.disk is False
     c.get(TINY, "tiny.cu", ARCH)
@@ -295,24 +295,24 @@ def test_nxrt_cache_0_disables_disk(tmp_path, monkeypatch, value):
 @pytest.mark.parametrize("value", [None, "1", "yes", "on"])
 def test_disk_enabled_by_default(monkeypatch, tmp_path, value):
     if value is None:
-        monkeypatch.delenv("NXRT_CACHE", raising=False)
+        monkeypatch.delenv("ATTNRT_CACHE", raising=False)
     else:
-        monkeypatch.setenv("NXRT_CACHE", value)
+        monkeypatch.setenv("ATTNRT_CACHE", value)
     assert CompileCache(tmp_path).disk is True
     assert CompileCache(tmp_path, disk=False).disk is False
 
 
 def test_default_cache_dir(monkeypatch, tmp_path):
-    monkeypatch.setenv("NXRT_CACHE_DIR", str(tmp_path / "here"))
+    monkeypatch.setenv("ATTNRT_CACHE_DIR", str(tmp_path / "here"))
     assert cache_mod.default_cache_dir() == tmp_path / "here"
     assert CompileCache().directory == tmp_path / "here"
-    monkeypatch.setenv("NXRT_CACHE_DIR", "~/nxrt-cache-test")
+    monkeypatch.setenv("ATTNRT_CACHE_DIR", "~/nxrt-cache-test")
     assert cache_mod.default_cache_dir() == Path("~/nxrt-cache-test").expanduser()
-    monkeypatch.delenv("NXRT_CACHE_DIR")
+    monkeypatch.delenv("ATTNRT_CACHE_DIR")
     platformdirs = pytest.importorskip("platformdirs")
     d = cache_mod.default_cache_dir()
-    assert d == Path(platformdirs.user_cache_dir("nxrt", appauthor=False))
-    assert "nxrt" in d.parts
+    assert d == Path(platformdirs.user_cache_dir("attnrt", appauthor=False))
+    assert "attnrt" in d.parts
 
 
 def test_unwritable_dir_degrades_with_a_warning(tmp_path):
@@ -398,7 +398,7 @@ def test_listing_an_absent_directory(tmp_path):
 _RACER = r"""
 import hashlib, json, os, sys, time
 from pathlib import Path
-from nxrt.cache import CompileCache
+from attnrt.runtime.cache import CompileCache
 directory, src_path, ready_dir, go_file, idx = sys.argv[1:6]
 src = Path(src_path).read_text()
 c = CompileCache(directory, disk=True)
@@ -422,7 +422,7 @@ def test_eight_processes_compile_one_key(tmp_path):
     src_path = tmp_path / "race.cu"
     src_path.write_text(TINY)
     go = tmp_path / "go"
-    env = dict(os.environ, NXRT_CACHE="1",
+    env = dict(os.environ, ATTNRT_CACHE="1",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen([sys.executable, "-c", _RACER, str(cache_dir), str(src_path), str(ready),
                                str(go), str(i)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

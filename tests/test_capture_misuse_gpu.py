@@ -28,14 +28,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-import nxrt
-from nxrt.api import DataType, Node, TensorView, WorkspaceView
-from nxrt.errors import CaptureError, CudaError, KernelError
-from nxrt.tensors import DeviceArray
-from nxrt_kernels import reference
-from nxrt_kernels.attention import AttentionFactory
-from nxrt_kernels.index_share import IndexShareFactory
-from nxrt_kernels.paged_attention import PagedAttentionFactory
+import attnrt
+from attnrt.ops import reference
+from attnrt.ops.attention import AttentionFactory
+from attnrt.ops.index_share import IndexShareFactory
+from attnrt.ops.paged_attention import PagedAttentionFactory
+from attnrt.runtime.api import DataType, Node, TensorView, WorkspaceView
+from attnrt.runtime.errors import CaptureError, CudaError, KernelError
+from attnrt.runtime.tensors import DeviceArray
 from tests._util import TOL, rel_fro
 from tests.test_paged_cpu import make_case
 
@@ -221,7 +221,7 @@ def test_illegal_runtime_call_while_capturing(rt, ledger, rng, call, ending):
 @pytest.fixture(scope="module")
 def fresh():
     """A second runtime that has loaded nothing: every op on it is before its warm-up."""
-    r = nxrt.CudaRuntime(0)
+    r = attnrt.CudaRuntime(0)
     yield r
     r.close()
 
@@ -300,7 +300,7 @@ def test_attention_unfused_without_workspace_while_capturing(fresh, rng):
 
 def test_attention_fused_before_warmup(rng):
     """A runtime that never loaded the kernel: a typed refusal, or a capture that replays right."""
-    r = nxrt.CudaRuntime(0)
+    r = attnrt.CudaRuntime(0)
     try:
         with ExitStack() as stack:
             op = AttentionOp(r, stack, rng, path="fused")

@@ -1,4 +1,4 @@
-"""The ``nxrt`` command without a GPU: doctor exits 0, warm compiles into the cache."""
+"""The ``attnrt`` command without a GPU: doctor exits 0, warm compiles into the cache."""
 
 from __future__ import annotations
 
@@ -9,19 +9,20 @@ import sys
 
 import pytest
 
-from nxrt import cli, compiler
-from nxrt.cache import FORMAT_VERSION, CompileCache
-from nxrt.cli import main
-from nxrt.errors import PerformanceWarning
+from attnrt.app.cli import main
+from attnrt.app import cli
+from attnrt.runtime import compiler
+from attnrt.runtime.cache import FORMAT_VERSION, CompileCache
+from attnrt.runtime.errors import PerformanceWarning
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nxrt.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "attnrt.app.cli", *args], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=600)
 
 
 def test_doctor_runs_and_reports(tmp_path):
-    res = run_cli("doctor", "--json", env={"NXRT_CACHE_DIR": str(tmp_path)})
+    res = run_cli("doctor", "--json", env={"ATTNRT_CACHE_DIR": str(tmp_path)})
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     assert info["nvrtc"][0].isdigit()
@@ -37,8 +38,8 @@ def test_doctor_human_output():
 
 
 def test_cache_commands_on_empty_dir(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("NXRT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("nxrt.cache._default", None)
+    monkeypatch.setenv("ATTNRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("attnrt.runtime.cache._default", None)
     assert main(["cache", "ls"]) == 0
     assert main(["cache", "verify"]) == 0
     assert main(["cache", "clear"]) == 0
@@ -48,8 +49,8 @@ def test_cache_commands_on_empty_dir(tmp_path, capsys, monkeypatch):
 
 
 def test_cache_verify_flags_a_corrupt_entry(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("NXRT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("nxrt.cache._default", None)
+    monkeypatch.setenv("ATTNRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("attnrt.runtime.cache._default", None)
     bad = tmp_path / f"v{FORMAT_VERSION}" / "ab" / ("ab" + "0" * 62 + ".nxc")
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"NXRTCACHE\x01 truncated")
@@ -61,7 +62,7 @@ def test_cache_verify_flags_a_corrupt_entry(tmp_path, capsys, monkeypatch):
 @pytest.mark.slow
 def test_warm_fills_the_cache_without_a_gpu():
     # The session cache (shared with the kernel-source tests, so compiles are not repeated).
-    env = {"NXRT_CACHE_DIR": os.environ["NXRT_CACHE_DIR"]}
+    env = {"ATTNRT_CACHE_DIR": os.environ["ATTNRT_CACHE_DIR"]}
     res = run_cli("warm", "--arch", "sm_90", env=env)
     assert res.returncode == 0, res.stderr[-4000:]
     assert "failed" in res.stderr and " 0 failed" in res.stderr
@@ -77,11 +78,11 @@ def test_warm_fills_the_cache_without_a_gpu():
 
 def test_warm_reports_ptxas_performance_advisories(tmp_path, monkeypatch, capsys):
     """An entry whose compile drew ptxas's "Potential Performance Loss" is named by warm (from
-    its worker's disk hit) and listed by ``nxrt warm``, which still exits 0."""
-    from nxrt_kernels import _common, index_share
+    its worker's disk hit) and listed by ``attnrt warm``, which still exits 0."""
+    from attnrt.ops import _common, index_share
 
     v = next(x for x in index_share.compile_variants() if x.min_arch <= 80)
-    monkeypatch.setenv("NXRT_CACHE_DIR", str(tmp_path))  # the spawned workers' cache too
+    monkeypatch.setenv("ATTNRT_CACHE_DIR", str(tmp_path))  # the spawned workers' cache too
     monkeypatch.setattr(cli, "_variants", lambda: [("pkg.nxrt::IndexShare", v)])
     line = "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized"
     real = compiler._program_log

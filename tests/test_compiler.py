@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from nxrt import cache as cache_mod
-from nxrt import compiler
-from nxrt.cache import CompileCache, cache_key
-from nxrt.compiler import HEADER_PACKAGES, CompileError
+from attnrt.runtime import cache as cache_mod
+from attnrt.runtime import compiler
+from attnrt.runtime.cache import CompileCache, cache_key
+from attnrt.runtime.compiler import HEADER_PACKAGES, CompileError
 
 TINY = 'extern "C" __global__ void k(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] = 1.0f; }\n'
 

@@ -1,4 +1,4 @@
-"""``nxrt demo`` without a GPU: the command compiles every kernel and runs the CPU references;
+"""``attnrt demo`` without a GPU: the command compiles every kernel and runs the CPU references;
 the demo's model, reference chain and verification bookkeeping; the layering rule."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import nxrt
-from nxrt.cli import main as cli_main
-from nxrt_kernels import demo
+import attnrt
+from attnrt.app.cli import main as cli_main
+from attnrt.app import demo
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = demo.DemoConfig(layers=2, steps=1, prompts=(19, 6), heads=4, sparse_heads=8, topk=8)
 
 
 def test_runtime_layer_does_not_import_the_kernels():
-    code = "import sys, nxrt, nxrt.cli, nxrt.demo; print('nxrt_kernels' in sys.modules)"
+    code = "import sys, attnrt, attnrt.app.cli; print('attnrt.ops' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          timeout=120)
     assert res.returncode == 0, res.stderr
@@ -115,12 +115,12 @@ def test_every_node_is_claimed():
 
 @pytest.mark.slow
 def test_cli_demo_without_gpu_compiles_and_runs_the_references():
-    if nxrt.gpu_missing_reason() is None:
+    if attnrt.gpu_missing_reason() is None:
         pytest.skip("a GPU is present: tests/test_demo_gpu.py runs the GPU path")
     # The session's cache directory (tests/conftest.py), shared with the kernel-source
     # compile tests, so a session compiles each variant once.
-    env = {**os.environ, "NXRT_CACHE_DIR": os.environ["NXRT_CACHE_DIR"]}
-    res = subprocess.run([sys.executable, "-m", "nxrt.cli", "demo", "--steps", "2", "--json"],
+    env = {**os.environ, "ATTNRT_CACHE_DIR": os.environ["ATTNRT_CACHE_DIR"]}
+    res = subprocess.run([sys.executable, "-m", "attnrt.app.cli", "demo", "--steps", "2", "--json"],
                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(res.stdout)

@@ -1,4 +1,4 @@
-"""``nxrt demo`` on the GPU (in process and through the CLI) and ``tools/capture_replay.py``."""
+"""``attnrt demo`` on the GPU (in process and through the CLI) and ``tools/capture_replay.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nxrt_kernels import demo
+from attnrt.app import demo
 
 pytestmark = pytest.mark.gpu
 
@@ -44,7 +44,7 @@ def test_demo_decode_loop(ledger):
 
 
 def test_cli_demo_reports_ok():
-    res = _run(["-m", "nxrt.cli", "demo", "--steps", "4", "--layers", "2"])
+    res = _run(["-m", "attnrt.app.cli", "demo", "--steps", "4", "--layers", "2"])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "result     OK" in res.stdout and "0 live bytes" in res.stdout, res.stdout
 

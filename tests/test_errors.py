@@ -7,13 +7,13 @@ import pickle
 
 import pytest
 
-from nxrt import _check
-from nxrt.errors import (
+from attnrt.runtime import _check
+from attnrt.runtime.errors import (
+    AttnrtError,
     CaptureError,
     CompileError,
     CudaError,
     KernelError,
-    NxrtError,
     PerformanceWarning,
     Unsupported,
     WorkspaceError,
@@ -31,7 +31,7 @@ def _roundtrip(err: Exception) -> Exception:
 @pytest.mark.parametrize("cls", [CudaError, CompileError, KernelError, Unsupported, CaptureError,
                                  WorkspaceError])
 def test_every_error_is_an_nxrt_error(cls):
-    assert issubclass(cls, NxrtError)
+    assert issubclass(cls, AttnrtError)
     assert issubclass(cls, Exception)
 
 
@@ -90,7 +90,7 @@ def test_compile_error_fields_dump_and_pickle():
 def test_performance_warning_fields_message_and_pickle():
     line = "ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized"
     w = PerformanceWarning("k.cu", "sm_90a", [line])
-    assert issubclass(PerformanceWarning, UserWarning) and not issubclass(PerformanceWarning, NxrtError)
+    assert issubclass(PerformanceWarning, UserWarning) and not issubclass(PerformanceWarning, AttnrtError)
     assert (w.name, w.arch, w.lines) == ("k.cu", "sm_90a", (line,))
     assert str(w).startswith("k.cu (sm_90a): ptxas reports a performance loss: ptxas info")
     out = _roundtrip(w)
@@ -122,7 +122,7 @@ def test_workspace_error_fields_and_pickle():
     assert (out.required, out.provided) == (4096, 100)
 
 
-@pytest.mark.parametrize("cls", [KernelError, Unsupported, NxrtError])
+@pytest.mark.parametrize("cls", [KernelError, Unsupported, AttnrtError])
 def test_plain_errors_pickle(cls):
     err = cls("input 'q' has dtype INT32; expected FLOAT, FLOAT16 or BFLOAT16")
     assert _roundtrip(err).args == err.args
@@ -193,7 +193,7 @@ def test_missing_gpu_is_one_sentence_not_a_crash():
 # -- the latch's names (no device needed for registering and decoding) ------------------------
 
 def test_latch_registry_and_decode_without_a_device():
-    from nxrt.latch import (
+    from attnrt.runtime.latch import (
         INDEX_SHARE_SELECTED_INDICES,
         PAGED_BLOCK_OUT_OF_RANGE,
         PAGED_POSITION_OUT_OF_RANGE,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import nxrt
-from nxrt.api import CaptureSupport, DataType, Node, WorkspaceRequirement
-from nxrt.executor import Executor
+import attnrt
+from attnrt.runtime.api import CaptureSupport, DataType, Node, WorkspaceRequirement
+from attnrt.runtime.executor import Executor
 
 pytestmark = pytest.mark.gpu
 
@@ -41,7 +41,7 @@ class AxpbKernel:
         x, b = inputs
         (y,) = outputs
         if workspace is None or workspace.nbytes < x.nbytes:
-            raise nxrt.WorkspaceError("short", required=x.nbytes, provided=0)
+            raise attnrt.WorkspaceError("short", required=x.nbytes, provided=0)
         n = np.int64(x.numel)
         grid = (x.numel + 255) // 256
         self.rt.launch(self.scale, grid, 256, [x.ptr, workspace.ptr, np.float32(self.a), n])
@@ -72,7 +72,7 @@ def setup(ledger, rng):
     rt = ledger
     rt.latch.register(1 << 20, "test: NaN seen by add")
     n = 10_007
-    arrays = {k: nxrt.DeviceArray(rt, (n,), np.float32) for k in ("x", "b", "y")}
+    arrays = {k: attnrt.DeviceArray(rt, (n,), np.float32) for k in ("x", "b", "y")}
     ex = Executor(rt)
     for k, arr in arrays.items():
         ex.bind(k, arr.mut() if k == "y" else arr.view())
@@ -110,7 +110,7 @@ def test_replay_latches_bad_data(setup, rng):
     bad = rng.standard_normal(n).astype(np.float32)
     bad[17] = np.nan
     arrs["x"].copy_from(bad)
-    with pytest.raises(nxrt.CaptureError) as info:
+    with pytest.raises(attnrt.CaptureError) as info:
         ex.replay()
     assert info.value.bits == 1 << 20 and "test: NaN seen by add" in info.value.names
     rt.latch.check()  # cleared by the failing check
@@ -121,15 +121,15 @@ def test_capture_refused_with_the_kernels_reason(setup):
     arrs["x"].fill_bytes(0x3C)
     arrs["b"].fill_bytes(0x3C)
     ex.add(Node("Axpb", "test", {"a": 2.0}, ["x", "b"], ["y"]), AxpbFactory(rt, capturable=False))
-    with pytest.raises(nxrt.CaptureError, match="not warmed for this shape"):
+    with pytest.raises(attnrt.CaptureError, match="not warmed for this shape"):
         ex.capture()
     assert not rt.is_capturing()
 
 
 def test_unsupported_node_is_refused(setup):
     rt, ex, arrs, n = setup
-    ex.bind("i", nxrt.TensorView(arrs["x"].ptr, DataType.INT32, (n,)))
-    with pytest.raises(nxrt.Unsupported, match="only float32"):
+    ex.bind("i", attnrt.TensorView(arrs["x"].ptr, DataType.INT32, (n,)))
+    with pytest.raises(attnrt.Unsupported, match="only float32"):
         ex.add(Node("Axpb", "test", {"a": 1.0}, ["i", "b"], ["y"]), AxpbFactory(rt))
 
 
@@ -139,5 +139,5 @@ def test_rebinding_after_capture_is_refused(setup):
     arrs["b"].fill_bytes(0x3C)
     ex.add(Node("Axpb", "test", {"a": 1.0}, ["x", "b"], ["y"]), AxpbFactory(rt))
     ex.capture()
-    with pytest.raises(nxrt.CaptureError, match="copy the new contents"):
+    with pytest.raises(attnrt.CaptureError, match="copy the new contents"):
         ex.bind("x", arrs["b"].view())

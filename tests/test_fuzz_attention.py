@@ -14,7 +14,7 @@ hands out fake pointers and records launches without running them.
   ``OverflowError`` or a refusal that only ``execute`` notices.
 
 GPU half (``TestDevice``, marked gpu): random valid cases on the device against
-``nxrt_kernels.reference`` (bounded: head dims 24/64, small shapes).
+``attnrt.ops.reference`` (bounded: head dims 24/64, small shapes).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
-from nxrt.errors import KernelError, Unsupported
-from nxrt_kernels.attention import AttentionFactory
+from attnrt.ops.attention import AttentionFactory
+from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.errors import KernelError, Unsupported
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
@@ -493,8 +493,8 @@ class TestDevice:
     @GPU_SETTINGS
     @given(s=specs(gpu=True))
     def test_random_valid_cases_match_reference(self, rt: Any, s: Spec) -> None:
-        from nxrt.tensors import DeviceArray
-        from nxrt_kernels import reference
+        from attnrt.ops import reference
+        from attnrt.runtime.tensors import DeviceArray
         from tests._util import TOL, rel_fro
 
         rng = np.random.default_rng(s.seed)

@@ -17,7 +17,7 @@ carries, as ``capacity_valid_lengths`` computes them).
   launches; never an ``OverflowError``.
 
 GPU half (``TestDevice``, marked gpu): random valid cases on the device against
-``nxrt_kernels.reference`` (Y and the present outputs).
+``attnrt.ops.reference`` (Y and the present outputs).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
-from nxrt.errors import KernelError, Unsupported
-from nxrt_kernels._ref_index_share import SelectedIndicesError, capacity_valid_lengths
-from nxrt_kernels.index_share import IndexShareFactory, _max_head_size
+from attnrt.ops._ref_index_share import SelectedIndicesError, capacity_valid_lengths
+from attnrt.ops.index_share import IndexShareFactory, _max_head_size
+from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.errors import KernelError, Unsupported
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
@@ -564,8 +564,8 @@ class TestDevice:
     @GPU_SETTINGS
     @given(s=specs(gpu=True))
     def test_random_valid_cases_match_reference(self, rt: Any, s: Spec) -> None:
-        from nxrt.tensors import DeviceArray
-        from nxrt_kernels import reference
+        from attnrt.ops import reference
+        from attnrt.runtime.tensors import DeviceArray
         from tests._util import TOL, rel_fro
 
         rng = np.random.default_rng(s.seed)

@@ -14,7 +14,7 @@ CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRunt
   inputs alone decide it) or run with legal launches; never an ``OverflowError``.
 
 GPU half (``TestDevice``, marked gpu): random valid cases on the device against
-``nxrt_kernels.reference`` (output and the updated cache).
+``attnrt.ops.reference`` (output and the updated cache).
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
-from nxrt.errors import KernelError, Unsupported
-from nxrt_kernels import paged_attention as pa
-from nxrt_kernels.paged_attention import PagedAttentionFactory
+from attnrt.ops import paged_attention as pa
+from attnrt.ops.paged_attention import PagedAttentionFactory
+from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.errors import KernelError, Unsupported
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
 from tests.test_paged_cpu import make_case, make_node
 
@@ -542,8 +542,8 @@ class TestDevice:
     @GPU_SETTINGS
     @given(s=specs(gpu=True))
     def test_random_valid_cases_match_reference(self, rt: Any, s: Spec) -> None:
-        from nxrt.tensors import DeviceArray
-        from nxrt_kernels import reference
+        from attnrt.ops import reference
+        from attnrt.runtime.tensors import DeviceArray
         from tests._util import TOL, rel_fro
 
         rng = np.random.default_rng(s.seed)

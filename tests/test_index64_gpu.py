@@ -28,12 +28,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
-from nxrt.tensors import DeviceArray
-from nxrt_kernels import reference
-from nxrt_kernels.attention import AttentionFactory
-from nxrt_kernels.index_share import IndexShareFactory
-from nxrt_kernels.paged_attention import PagedAttentionFactory
+from attnrt.ops import reference
+from attnrt.ops.attention import AttentionFactory
+from attnrt.ops.index_share import IndexShareFactory
+from attnrt.ops.paged_attention import PagedAttentionFactory
+from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.tensors import DeviceArray
 from tests._util import TOL, rel_fro
 from tests.test_paged_cpu import make_case
 from tests.test_paged_gpu import check as check_paged

@@ -22,16 +22,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView
-from nxrt.errors import CaptureError, KernelError
-from nxrt.latch import INDEX_SHARE_SELECTED_INDICES, Latch
-from nxrt_kernels import _index_share_plan as isp
-from nxrt_kernels import factory_class, index_share, reference
-from nxrt_kernels._ref_index_share import (
+from attnrt.ops import _index_share_plan as isp
+from attnrt.ops import factory_class, index_share, reference
+from attnrt.ops._ref_index_share import (
     SelectedIndicesError,
     capacity_valid_lengths,
     find_index_violation,
 )
+from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.errors import CaptureError, KernelError
+from attnrt.runtime.latch import INDEX_SHARE_SELECTED_INDICES, Latch
 from tests._util import TOL, rel_fro
 
 BF16 = ml_dtypes.bfloat16
@@ -306,8 +306,8 @@ def test_attributes_and_claims():
 
 
 def test_compile_variants_listed_and_nvrtc_sample():
-    from nxrt import compiler
-    from nxrt_kernels import _common
+    from attnrt.ops import _common
+    from attnrt.runtime import compiler
 
     vs = index_share.compile_variants()
     assert {v.file for v in vs} == {"index_share_aux.cu", "index_share_attn.cu",
@@ -531,7 +531,7 @@ _EMU_VARIANTS = [
 def emu(tmp_path_factory):
     if _CXX is None:
         pytest.skip("g++ is not installed: the kernel emulation tests need it")
-    from nxrt_kernels import _common
+    from attnrt.ops import _common
 
     d = tmp_path_factory.mktemp("index_share_emu")
     hdrs = _common.headers()
@@ -834,7 +834,7 @@ def test_emulated_mma_pipes_bitwise_equal(emu, rng, layout, bias):
 
 def _geom(n: int, nkv: int = 1, b: int = 64, sq: int = 1, k: int = 2048, h: int = 128,
           dt: DataType = DataType.BFLOAT16, hi: int = 1, idt: DataType = DataType.INT32):
-    from nxrt_kernels._ref_index_share import parse_attributes, resolve_geometry
+    from attnrt.ops._ref_index_share import parse_attributes, resolve_geometry
 
     past = 8191
     shapes = [(b, n, sq, h), (b, nkv, sq, h), (b, nkv, sq, h), (b, nkv, past, h),
@@ -1141,13 +1141,13 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
     """workspace_requirement plans the wg path on sm_90 (pure: the runtime is a stand-in)."""
     from types import SimpleNamespace
 
-    from nxrt.api import TensorMetadata
+    from attnrt.runtime.api import TensorMetadata
 
     rt = SimpleNamespace(capabilities=SimpleNamespace(sm_count=132, arch="sm_90",
                                                       max_shared_per_block_optin=227 * 1024))
     kern = index_share.IndexShareKernel.__new__(index_share.IndexShareKernel)
     kern.rt, kern.node, kern.path_override, kern.plan_override = rt, node(64, 1), None, None
-    from nxrt_kernels._ref_index_share import parse_attributes
+    from attnrt.ops._ref_index_share import parse_attributes
 
     kern.attrs = parse_attributes(node(64, 1))
     # B 12: four-CTA clusters merging from their partials in L2 (B 17-66 takes the two-CTA
@@ -1159,7 +1159,7 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
     need = kern.workspace_requirement(metas).nbytes
     wg = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
     assert need >= wg.nbytes > 0
-    monkeypatch.setenv("NXRT_INDEX_SHARE_WG", "0")
+    monkeypatch.setenv("ATTNRT_INDEX_SHARE_WG", "0")
     assert not kern._wg_arch()
 
 

@@ -7,14 +7,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import nxrt
-from nxrt import DeviceArray
-from nxrt.api import DataType, Node, TensorView
-from nxrt.errors import CaptureError
-from nxrt.latch import INDEX_SHARE_SELECTED_INDICES
-from nxrt_kernels import _index_share_plan as isp
-from nxrt_kernels import index_share, reference
-from nxrt_kernels._ref_index_share import SelectedIndicesError
+import attnrt
+from attnrt.ops import _index_share_plan as isp
+from attnrt.ops import index_share, reference
+from attnrt.ops._ref_index_share import SelectedIndicesError
+from attnrt.runtime import DeviceArray
+from attnrt.runtime.api import DataType, Node, TensorView
+from attnrt.runtime.errors import CaptureError
+from attnrt.runtime.latch import INDEX_SHARE_SELECTED_INDICES
 from tests._util import TOL, rel_fro
 
 pytestmark = pytest.mark.gpu
@@ -304,7 +304,7 @@ def test_torch_tensors_and_workspace(rt, ledger, rng):
     req = kern.workspace_requirement([v.meta if not v.absent else v for v in views])
     ws = rt.alloc_raw(max(req.nbytes, 1))
     try:
-        kern.execute(views, [nxrt.TensorMut.from_array(y)], nxrt.WorkspaceView(ws, req.nbytes))
+        kern.execute(views, [attnrt.TensorMut.from_array(y)], attnrt.WorkspaceView(ws, req.nbytes))
         rt.synchronize()
         assert rel_fro(y.cpu().numpy(), reference.index_share(nd, ins)[0]) < TOL[DataType.FLOAT]
     finally:

@@ -1,7 +1,7 @@
 """Every kernel variant of every registered op compiles with NVRTC for sm_80 and sm_90 (no GPU
-needed), lists entries that exist, and every ``.cu`` under ``nxrt_kernels/cuda`` is covered.
+needed), lists entries that exist, and every ``.cu`` under ``attnrt.ops/cuda`` is covered.
 
-Variants come from each op module's ``compile_variants()`` (the list ``nxrt warm`` walks).
+Variants come from each op module's ``compile_variants()`` (the list ``attnrt warm`` walks).
 A registered module that does not exist yet is skipped with its name; one that exists but
 fails to import fails. All selected compiles start at once in a pool of worker processes
 (NVRTC compiles do not run in parallel in threads), each writing into one session-scoped
@@ -19,11 +19,11 @@ from concurrent.futures import Future, ProcessPoolExecutor
 
 import pytest
 
-import nxrt_kernels
-from nxrt import compiler
-from nxrt.cache import CompileCache
-from nxrt.errors import CompileError
-from nxrt_kernels import _common
+import attnrt.ops
+from attnrt.ops import _common
+from attnrt.runtime import compiler
+from attnrt.runtime.cache import CompileCache
+from attnrt.runtime.errors import CompileError
 
 ARCHS = (80, 90)
 
@@ -31,8 +31,8 @@ ARCHS = (80, 90)
 def _load_modules() -> tuple[dict[str, object], dict[str, str], dict[str, str]]:
     """(loaded op modules, missing module -> skip reason, broken module -> error text)."""
     loaded, missing, broken = {}, {}, {}
-    for domain, op in nxrt_kernels.registered_ops():
-        name = nxrt_kernels.REGISTRY[(domain, op)].partition(":")[0]
+    for domain, op in attnrt.ops.registered_ops():
+        name = attnrt.ops.REGISTRY[(domain, op)].partition(":")[0]
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -103,7 +103,7 @@ def _params() -> list:
 def kernel_cache() -> CompileCache:
     # The session's cache directory (tests/conftest.py makes a private one), so that the
     # CLI warm and demo tests reuse these compiles instead of repeating them.
-    return CompileCache(os.environ["NXRT_CACHE_DIR"], disk=True)
+    return CompileCache(os.environ["ATTNRT_CACHE_DIR"], disk=True)
 
 
 def _compile_into(directory: str, file: str, options: tuple, target: str) -> str:
@@ -163,7 +163,7 @@ def test_variant_compiles(compiles, kernel_cache, module, variant, target):
     assert compiled.cubin.startswith(b"\x7fELF")
     # ptxas's "Potential Performance Loss" advisories, e.g. C7511: too few registers to keep
     # wgmmas in flight, so every wgmma of the kernel is serialised (several us slower). (A
-    # disk hit also raises nxrt.PerformanceWarning, an error under this suite's settings.)
+    # disk hit also raises attnrt.PerformanceWarning, an error under this suite's settings.)
     log = log or compiled.log
     assert not compiler.performance_loss(log), f"{_vid(variant)} {target}:\n{log}"
     assert f".target {target}".encode() in compiled.ptx
@@ -180,7 +180,7 @@ def test_variants_are_well_formed(module):
     seen = set()
     for v in variants:
         assert isinstance(v, _common.Variant), f"{module}: {v!r} is not a Variant"
-        assert (nxrt_kernels.CUDA_DIR / v.file).is_file(), f"{module}: {v.file} is not in cuda/"
+        assert (attnrt.ops.CUDA_DIR / v.file).is_file(), f"{module}: {v.file} is not in cuda/"
         assert v.file.endswith(".cu"), v.file
         assert v.entries and all(isinstance(e, str) and e for e in v.entries), _vid(v)
         assert v.min_arch >= 80, _vid(v)
@@ -198,7 +198,7 @@ def test_every_cu_file_is_covered_by_a_variant():
                     + ", ".join(sorted(MISSING)))
     if BROKEN or VARIANT_ERRORS:
         pytest.fail(f"op modules that do not load: {sorted(BROKEN) + sorted(VARIANT_ERRORS)}")
-    files = {p.name for p in nxrt_kernels.CUDA_DIR.glob("*.cu")}
+    files = {p.name for p in attnrt.ops.CUDA_DIR.glob("*.cu")}
     covered = {v.file for vs in VARIANTS.values() for v in vs}
     uncovered = sorted(files - covered)
     assert not uncovered, f".cu files no compile_variants() lists (dead or untested code): {uncovered}"

@@ -16,7 +16,18 @@ import threading
 import numpy as np
 import pytest
 
-from nxrt.launch import Function, LaunchConfig, dim3, f32, f64, i32, i64, reduction_launch_config, u32, u64
+from attnrt.runtime.launch import (
+    Function,
+    LaunchConfig,
+    dim3,
+    f32,
+    f64,
+    i32,
+    i64,
+    reduction_launch_config,
+    u32,
+    u64,
+)
 
 
 def _fn(params, max_optin=227 * 1024) -> Function:
@@ -229,8 +240,8 @@ def _out_target(ref):
 
 
 def test_ptx_param_count_reads_the_entry_signature():
-    from nxrt import compiler
-    from nxrt.launch import ptx_param_count
+    from attnrt.runtime import compiler
+    from attnrt.runtime.launch import ptx_param_count
 
     src = ('extern "C" __global__ void none() {}\n'
            'extern "C" __global__ void six(float* a, const float* b, int n, float s, double d, '

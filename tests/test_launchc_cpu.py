@@ -1,8 +1,8 @@
-"""The compiled launch path (``nxrt._launchc``) without a GPU: the driver entry point is a
+"""The compiled launch path (``attnrt.runtime._launchc``) without a GPU: the driver entry point is a
 ctypes callback that records what it receives, so every branch of the hot path and every
 hand-off to the Python path is checked on the CPU.
 
-CI sets ``NXRT_REQUIRE_LAUNCHC=1``: there a missing extension (the install step did not
+CI sets ``ATTNRT_REQUIRE_LAUNCHC=1``: there a missing extension (the install step did not
 build it) fails instead of skipping.
 """
 
@@ -15,11 +15,11 @@ import threading
 import pytest
 
 try:
-    from nxrt import _launchc
+    from attnrt.runtime import _launchc
 except ImportError as exc:  # not built (no C compiler at install time)
-    if os.environ.get("NXRT_REQUIRE_LAUNCHC") == "1":
+    if os.environ.get("ATTNRT_REQUIRE_LAUNCHC") == "1":
         raise
-    pytest.skip(f"nxrt._launchc is not built: {exc}", allow_module_level=True)
+    pytest.skip(f"attnrt.runtime._launchc is not built: {exc}", allow_module_level=True)
 
 PROTO = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 

@@ -15,12 +15,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nxrt import compiler
-from nxrt.api import DataType, Node, TensorMetadata, WorkspaceRequirement
-from nxrt.errors import KernelError, Unsupported
-from nxrt_kernels import _common, factory_class, reference
-from nxrt_kernels import paged_attention as pa
-from nxrt_kernels.paged_attention import PagedAttentionFactory, PagedAttentionKernel
+from attnrt.ops import _common, factory_class, reference
+from attnrt.ops import paged_attention as pa
+from attnrt.ops.paged_attention import PagedAttentionFactory, PagedAttentionKernel
+from attnrt.runtime import compiler
+from attnrt.runtime.api import DataType, Node, TensorMetadata, WorkspaceRequirement
+from attnrt.runtime.errors import KernelError, Unsupported
 
 BF16, F16 = DataType.BFLOAT16, DataType.FLOAT16
 NP = {BF16: ml_dtypes.bfloat16, F16: np.float16}

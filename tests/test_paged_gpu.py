@@ -11,12 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nxrt.api import DataType, TensorMut, TensorView, WorkspaceView
-from nxrt.errors import KernelError
-from nxrt.latch import PAGED_BLOCK_OUT_OF_RANGE, PAGED_SLOT_OUT_OF_RANGE
-from nxrt.tensors import DeviceArray
-from nxrt_kernels import reference
-from nxrt_kernels.paged_attention import PAGED_POSITION_OUT_OF_RANGE, PagedAttentionFactory
+from attnrt.ops import reference
+from attnrt.ops.paged_attention import PAGED_POSITION_OUT_OF_RANGE, PagedAttentionFactory
+from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.errors import KernelError
+from attnrt.runtime.latch import PAGED_BLOCK_OUT_OF_RANGE, PAGED_SLOT_OUT_OF_RANGE
+from attnrt.runtime.tensors import DeviceArray
 from tests._util import TOL, rel_fro
 from tests.test_paged_cpu import BF16, F16, make_case
 
@@ -307,9 +307,9 @@ def _wg_child() -> None:
     """Child-process body of test_wgmma_path: every case on a fresh runtime; raises on failure."""
     import zlib
 
-    import nxrt
+    import attnrt
 
-    rt = nxrt.CudaRuntime(0)
+    rt = attnrt.CudaRuntime(0)
     before = rt.memory_stats().live_bytes
     failures = []
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import nxrt
-from nxrt import CaptureError, DataType, DeviceArray
-from nxrt.cache import CompileCache
-from nxrt.latch import INDEX_SHARE_SELECTED_INDICES, WELL_KNOWN_BITS
+import attnrt
+from attnrt.runtime import CaptureError, DataType, DeviceArray
+from attnrt.runtime.cache import CompileCache
+from attnrt.runtime.latch import INDEX_SHARE_SELECTED_INDICES, WELL_KNOWN_BITS
 from tests._util import TOL, rel_fro
 
 pytestmark = pytest.mark.gpu
@@ -119,7 +119,7 @@ def test_capabilities_are_sane(rt):
     assert c.max_shared_per_block <= c.max_shared_per_block_optin <= c.max_shared_per_sm
     assert c.l2_bytes > 0 and c.total_memory > 0 and c.max_registers_per_sm > 0
     assert c.as_dict()["arch"] == c.arch
-    assert rt.arch.startswith("sm_") and nxrt.device_count() >= 1 and nxrt.gpu_missing_reason() is None
+    assert rt.arch.startswith("sm_") and attnrt.device_count() >= 1 and attnrt.gpu_missing_reason() is None
     assert "closed=False" in repr(rt)
     if "H200" in c.name:
         assert (major, minor) == (9, 0) and c.arch == "sm_90"
@@ -701,7 +701,7 @@ def test_latch_set_during_replay_is_read_decoded_and_cleared(ledger, rng):
 
 def test_latch_names_every_set_bit(ledger):
     rt = ledger
-    mine = rt.latch.register(1 << 27, "nxrt test: runtime bit")
+    mine = rt.latch.register(1 << 27, "attnrt test: runtime bit")
     assert mine == 1 << 27
     unregistered = 1 << 28
     word = 512 | mine | unregistered
@@ -714,7 +714,7 @@ def test_latch_names_every_set_bit(ledger):
         with pytest.raises(CaptureError) as info:
             rt.latch.check()
     assert info.value.bits == word
-    assert info.value.names == (WELL_KNOWN_BITS[512], "nxrt test: runtime bit",
+    assert info.value.names == (WELL_KNOWN_BITS[512], "attnrt test: runtime bit",
                                 f"unregistered bit 0x{unregistered:x}")
     rt.latch.check()
 
@@ -728,9 +728,9 @@ def test_latch_register_validation(rt):
     for bad in (0, -4, 3, 6, 2**32, 2**40, 1.0, "512"):
         with pytest.raises(ValueError):
             latch.register(bad, "bad bit")  # type: ignore[arg-type]
-    assert latch.register(1 << 26, "nxrt test: validation") == 1 << 26
-    assert latch.register(1 << 26, "nxrt test: validation") == 1 << 26
-    assert latch.decode((1 << 26) | (1 << 29)) == ["nxrt test: validation", "unregistered bit 0x20000000"]
+    assert latch.register(1 << 26, "attnrt test: validation") == 1 << 26
+    assert latch.register(1 << 26, "attnrt test: validation") == 1 << 26
+    assert latch.decode((1 << 26) | (1 << 29)) == ["attnrt test: validation", "unregistered bit 0x20000000"]
     assert latch.decode(0) == []
 
 
@@ -738,9 +738,9 @@ def test_latch_register_validation(rt):
 
 def test_compiled_and_python_launch_paths_agree(ledger, rng):
     rt = ledger
-    compiled = REPO.joinpath("nxrt").glob("_launchc*.so")
-    if any(compiled) and os.environ.get("NXRT_COMPILED_LAUNCH", "1") != "0":
-        assert rt.compiled_launch, "nxrt._launchc is built but CudaRuntime.launch does not use it"
+    compiled = REPO.joinpath("attnrt").glob("_launchc*.so")
+    if any(compiled) and os.environ.get("ATTNRT_COMPILED_LAUNCH", "1") != "0":
+        assert rt.compiled_launch, "attnrt.runtime._launchc is built but CudaRuntime.launch does not use it"
     n = 3001
     x, y = _rand(rng, n), _rand(rng, n)
     f = _fn(rt, "saxpy")
@@ -768,7 +768,7 @@ def test_two_runtimes_interleaved(ledger, rng):
     rt1 = ledger
     n = 10_007
     x1, y1, x2, y2 = (_rand(rng, n) for _ in range(4))
-    rt2 = nxrt.CudaRuntime(0)
+    rt2 = attnrt.CudaRuntime(0)
     try:
         assert rt2.stream.ptr != rt1.stream.ptr
         f1, f2 = _fn(rt1, "saxpy"), _fn(rt2, "saxpy")
@@ -808,7 +808,7 @@ def test_two_runtimes_interleaved(ledger, rng):
 
 def test_runtime_context_manager_frees_leaks_with_a_warning(rt):
     with pytest.warns(ResourceWarning, match="1 live allocation"):
-        with nxrt.CudaRuntime(0) as r:
+        with attnrt.CudaRuntime(0) as r:
             r.alloc_raw(1000)
     assert "closed=True" in repr(r)
 
@@ -823,11 +823,11 @@ def _run_child(code: str, env_extra: dict, cwd: Path) -> subprocess.CompletedPro
 _RISKY_CHILD = r"""
 import sys
 import numpy as np
-import nxrt
+import attnrt
 src = open(SRC_PATH).read()
 case = CASE
-keep = nxrt.CudaRuntime(0)  # keeps the primary context alive
-rt = nxrt.CudaRuntime(0)
+keep = attnrt.CudaRuntime(0)  # keeps the primary context alive
+rt = attnrt.CudaRuntime(0)
 fn = rt.nvrtc_function("nxrt_test_risky", src, "two_ints")
 if case == "closed-runtime":
     rt.launch(fn, 1, 1, [np.int32(1), np.int32(2)])  # parameter layout known, packer cached
@@ -857,7 +857,7 @@ keep.close()
 @pytest.mark.parametrize("case,want", [("no-args", "TypeError"), ("closed-runtime", "ValueError")])
 def test_refused_launches_in_a_child(rt, tmp_path, case, want):
     # These launches reach the driver with no parameters (a kernel that takes two) or with a
-    # destroyed stream when nxrt does not refuse them first; a child process keeps a crash
+    # destroyed stream when attnrt does not refuse them first; a child process keeps a crash
     # from taking the test session down.
     src = tmp_path / "k.cu"
     src.write_text(SRC)
@@ -872,9 +872,9 @@ def test_refused_launches_in_a_child(rt, tmp_path, case, want):
 _WARM_CHILD = r"""
 import json, sys
 import numpy as np
-import nxrt
+import attnrt
 src = open(SRC_PATH).read()
-rt = nxrt.CudaRuntime(0)
+rt = attnrt.CudaRuntime(0)
 fn = rt.nvrtc_function("nxrt_test_warm", src, "saxpy")
 n = 1001
 x = np.arange(n, dtype=np.float32)
@@ -897,10 +897,10 @@ def test_warm_disk_cache_means_zero_compiles_in_a_fresh_process(rt, tmp_path):
     src = tmp_path / "warm.cu"
     src.write_text(SRC)
     warm = CompileCache(cache_dir, disk=True)
-    warm.get(SRC, "nxrt_test_warm.cu", rt.arch)  # what an earlier process (or `nxrt warm`) left
+    warm.get(SRC, "nxrt_test_warm.cu", rt.arch)  # what an earlier process (or `attnrt warm`) left
     assert warm.stats.compiles == 1 and warm.stats.writes == 1
     code = _WARM_CHILD.replace("SRC_PATH", repr(str(src)))
-    res = _run_child(code, {"NXRT_CACHE_DIR": str(cache_dir), "NXRT_CACHE": "1"}, tmp_path)
+    res = _run_child(code, {"ATTNRT_CACHE_DIR": str(cache_dir), "ATTNRT_CACHE": "1"}, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     report = json.loads(res.stdout.strip().splitlines()[-1])
     assert report["dir"] == str(cache_dir) and report["disk"] is True

@@ -49,7 +49,7 @@ def test_plan_snapshot_quick(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     import plan_snapshot
 
-    from nxrt_kernels import _index_share_plan
+    from attnrt.ops import _index_share_plan
 
     saved = _index_share_plan._WS_SPLIT_ITEM_TILES
     try:
@@ -72,7 +72,7 @@ def test_graph_gap_kernel_compiles() -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     from graph_gap import SRC
 
-    from nxrt.compiler import compile_source
+    from attnrt.runtime.compiler import compile_source
 
     for cl in (0, 1):
         for pdl in (0, 1):
@@ -89,7 +89,7 @@ def test_rc_cluster_probe_compiles() -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     from rc_cluster_probe import SRC
 
-    from nxrt.compiler import compile_source
+    from attnrt.runtime.compiler import compile_source
 
     c = compile_source(SRC, "rc_cluster_probe.cu", "sm_90", [], {})
     ptx = c.ptx if isinstance(c.ptx, str) else c.ptx.decode()
@@ -107,7 +107,7 @@ def test_read_floor_kernel_compiles() -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     from gather_ceiling import SRC
 
-    from nxrt.compiler import compile_source
+    from attnrt.runtime.compiler import compile_source
 
     for arch in ("sm_80", "sm_90"):
         c = compile_source(SRC, "gather_ceiling.cu", arch, ["-DUNROLL=4"], {})
@@ -151,7 +151,7 @@ def test_trace_index_share_cps_hook() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_index_share_cpu import _geom
 
-    from nxrt_kernels import _common, _index_share_plan, index_share
+    from attnrt.ops import _common, _index_share_plan, index_share
 
     saved = (index_share._plan, _index_share_plan._ws_variant, _common.get_function)
     try:
@@ -183,7 +183,7 @@ def test_trace_index_share_cps_hook() -> None:
 def _ws_bf16_hd128_builds() -> tuple[list, object, object]:
     """The bf16 head-size-128 ws variants the trace tool builds from: the cluster builds
     (128- and 64-key tiles), the 128-key one, and the plain (non-cluster, non-Q2) build."""
-    from nxrt_kernels import index_share
+    from attnrt.ops import index_share
 
     ws = [v for v in index_share.compile_variants() if v.file == "index_share_ws.cu"
           and v.defines["IS_DTYPE"] == 2 and v.defines["IS_HD"] == 128]
@@ -197,9 +197,9 @@ def test_trace_build_compiles() -> None:
     """The IS_TRACE builds the tool asks for compile (cluster builds, sm_90a) with their
     wgmmas kept asynchronous and stamp %globaltimer and %clock64 (and %smid once); the shipped
     build has none of them; the non-cluster build refuses IS_TRACE (its part_o holds the split partials)."""
-    from nxrt import compiler
-    from nxrt.compiler import CompileError, compile_source
-    from nxrt_kernels import _common
+    from attnrt.ops import _common
+    from attnrt.runtime import compiler
+    from attnrt.runtime.compiler import CompileError, compile_source
 
     clusters, cluster, plain = _ws_bf16_hd128_builds()  # clusters: 128- and 64-key tiles
     src = _common.source("index_share_ws.cu")
@@ -237,9 +237,9 @@ def test_cluster_merge_partials_path() -> None:
     over through distributed shared memory (stores into the partners' rings, no global
     partial loads, two cluster barriers more: NOTES, IndexShare rounds 21-22). Either form
     builds for either size (for A/Bs); IS_CMDS without IS_CMERGE is refused."""
-    from nxrt.api import DataType
-    from nxrt.compiler import CompileError, compile_source
-    from nxrt_kernels import _common, _index_share_builds
+    from attnrt.ops import _common, _index_share_builds
+    from attnrt.runtime.api import DataType
+    from attnrt.runtime.compiler import CompileError, compile_source
 
     src = _common.source("index_share_ws.cu")
 
@@ -270,9 +270,9 @@ def test_trace_diag_builds() -> None:
     1 drops every wgmma and the merge's distributed-shared-memory stores, 2 halves the
     producer's row copies; both compile without a ptxas advisory (with IS_TRACE too); the
     shipped build has neither; other builds and values refuse IS_DIAG."""
-    from nxrt import compiler
-    from nxrt.compiler import CompileError, compile_source
-    from nxrt_kernels import _common
+    from attnrt.ops import _common
+    from attnrt.runtime import compiler
+    from attnrt.runtime.compiler import CompileError, compile_source
 
     _, cluster, plain = _ws_bf16_hd128_builds()
     src = _common.source("index_share_ws.cu")
@@ -727,7 +727,7 @@ def test_bench_index_share_batch_plans() -> None:
     import bench_index_share_batch as bb
     from test_index_share_cpu import _geom
 
-    from nxrt_kernels import index_share
+    from attnrt.ops import index_share
 
     assert "index_share_batch" in bench.BENCHES
     assert [(c["n"], c["b"]) for c in bb.cases(True)] == [(64, 1), (64, 8)]

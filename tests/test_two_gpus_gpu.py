@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-import nxrt
-from nxrt_kernels import demo
+import attnrt
+from attnrt.app import demo
 
 pytestmark = pytest.mark.gpu
 
@@ -23,10 +23,10 @@ ROUNDS = 2
 
 @pytest.fixture
 def second_rt(rt):
-    n = nxrt.device_count()
+    n = attnrt.device_count()
     if n < 2:
         pytest.skip(f"two-GPU test: this machine has {n} CUDA device(s)")
-    other = nxrt.CudaRuntime(1)
+    other = attnrt.CudaRuntime(1)
     try:
         yield other
     finally:
@@ -55,7 +55,7 @@ def test_one_runtime_per_gpu_running_all_ops_concurrently(ledger, second_rt):
     spans: dict[int, tuple[float, float]] = {}
     errors: list[BaseException] = []
 
-    def worker(idx: int, rt: nxrt.CudaRuntime) -> None:
+    def worker(idx: int, rt: attnrt.CudaRuntime) -> None:
         try:
             barrier.wait(timeout=60)
             t0 = time.perf_counter()
@@ -105,13 +105,13 @@ extern "C" __global__ void scale_add(float* out, const float* x, float a, int n)
 }'''
     n = 4099
     x = rng.standard_normal(n).astype(np.float32)
-    extra = nxrt.CudaRuntime(1)  # a second runtime on device 1, closed mid-way
+    extra = attnrt.CudaRuntime(1)  # a second runtime on device 1, closed mid-way
     outs: list = []
     try:
         for r in (rt0, rt1, extra):
             fn = r.nvrtc_function("nxrt_test_two_gpus", src, "scale_add")
-            dx = nxrt.DeviceArray.from_numpy(r, x)
-            do = nxrt.DeviceArray(r, (n,), np.float32)
+            dx = attnrt.DeviceArray.from_numpy(r, x)
+            do = attnrt.DeviceArray(r, (n,), np.float32)
             outs.append((r, fn, dx, do))
             do.fill_bytes(0xFF)
             a = np.float32(r.capabilities.ordinal + 2)  # 2 on device 0, 3 on device 1

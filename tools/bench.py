@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""nxrt benchmarks: ``python tools/bench.py [runtime|attention|paged|index_share|all] [--out DIR]``.
+"""attnrt benchmarks: ``python tools/bench.py [runtime|attention|paged|index_share|all] [--out DIR]``.
 
 Every run measures its own ceilings (device-to-device copy bandwidth; a bf16 GEMM through
 torch when importable) and its peers in the same process, then writes
@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-import nxrt  # noqa: E402
-from nxrt._check import check, driver  # noqa: E402
+import attnrt  # noqa: E402
+from attnrt.runtime._check import check, driver  # noqa: E402
 
 BENCHES = ("runtime", "attention", "paged", "index_share", "index_share_batch")
 
@@ -191,7 +191,7 @@ class DeviceSampler:
 class BenchContext:
     """What a benchmark module gets: the runtime, torch (or None), ceilings and timers."""
 
-    def __init__(self, rt: nxrt.CudaRuntime, quick: bool = False, warm_ms: float = WARM_MS,
+    def __init__(self, rt: attnrt.CudaRuntime, quick: bool = False, warm_ms: float = WARM_MS,
                  state_ms: float = STATE_MS) -> None:
         self.rt = rt
         self.quick = quick
@@ -348,10 +348,10 @@ def row(bench: str, case: str, metric: str, ours: float, peer: str, peer_value: 
 
 
 def _git_commit() -> str:
-    # NXRT_COMMIT wins: a copy of the tree (the GPU machine's) may sit inside an unrelated
+    # ATTNRT_COMMIT wins: a copy of the tree (the GPU machine's) may sit inside an unrelated
     # or stale git checkout.
-    if os.environ.get("NXRT_COMMIT"):
-        return os.environ["NXRT_COMMIT"]
+    if os.environ.get("ATTNRT_COMMIT"):
+        return os.environ["ATTNRT_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True,
                                        stderr=subprocess.DEVNULL).strip()
@@ -360,7 +360,7 @@ def _git_commit() -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# nxrt benchmarks — {result['gpu']} — {result['date']}", "",
+    lines = [f"# attnrt benchmarks — {result['gpu']} — {result['date']}", "",
              f"commit `{result['commit']}`; "
              + (f"board `{result['gpu_uuid']}`; " if result.get("gpu_uuid") else "")
              + "ceilings: " +
@@ -418,7 +418,7 @@ def replot(json_path: Path) -> Path:
     result = json.loads(Path(json_path).read_text())
     out = Path(json_path).with_suffix(".png")
     if not plot(result, out):
-        raise SystemExit("replot needs matplotlib (pip install 'nxrt[bench]')")
+        raise SystemExit("replot needs matplotlib (pip install 'attnrt[bench]')")
     return out
 
 
@@ -457,13 +457,13 @@ def main(argv: list[str] | None = None) -> int:
     for w in which:
         if w not in BENCHES:
             ap.error(f"unknown benchmark {w!r}; choose from {BENCHES} or all")
-    reason = nxrt.gpu_missing_reason()
+    reason = attnrt.gpu_missing_reason()
     if reason:
         print(f"bench: {reason}; nothing to measure", file=sys.stderr)
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    with nxrt.CudaRuntime(0) as rt:
+    with attnrt.CudaRuntime(0) as rt:
         ctx = BenchContext(rt, quick=args.quick, warm_ms=args.warm_ms, state_ms=args.state_ms)
         ctx.measure_ceilings()
         rows: list[dict] = []

@@ -19,8 +19,8 @@ from typing import Any
 
 from bench import row
 
-from nxrt.api import Node, TensorMut, TensorView, WorkspaceView
-from nxrt_kernels.attention import AttentionKernel, wg_build
+from attnrt.ops.attention import AttentionKernel, wg_build
+from attnrt.runtime.api import Node, TensorMut, TensorView, WorkspaceView
 
 PREFILL_SHAPES = [(8, 32, 1024), (2, 32, 4096), (1, 32, 8192)]
 DECODE_SK = [1024, 8192, 32768]

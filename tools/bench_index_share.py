@@ -16,7 +16,7 @@ than advanced indexing, at prefill 4-8 %; NOTES, IndexShare round 24), the speed
 peer, and advanced indexing (``kc[b_idx, idx]``, the only peer before commit ``b889e86``),
 kept as a second row so that new runs still compare with the earlier ones. Both peers give
 the same bits; each row records whether they did (``peers_bitwise_equal``). Decode rows are also timed as
-``STEP_CALLS`` calls captured in one graph (ours in one nxrt graph, torch's in one torch CUDA
+``STEP_CALLS`` calls captured in one graph (ours in one attnrt graph, torch's in one torch CUDA
 graph), as attention's decode rows are: a model's decode step is one graph of many nodes,
 so a single call per graph mostly adds the graph's own launch.
 """
@@ -28,9 +28,9 @@ from typing import Any
 
 from bench import BenchContext, row
 
-import nxrt
-from nxrt.api import Node, TensorView
-from nxrt_kernels import index_share
+import attnrt
+from attnrt.ops import index_share
+from attnrt.runtime.api import Node, TensorView
 
 TOPK, HEAD = 2048, 128
 
@@ -145,7 +145,7 @@ STEP_CALLS = 8
 def views_of(s: dict) -> tuple[list, list]:
     """``execute``'s input views and output for one input set."""
     return ([TensorView.from_array(s[x]) for x in ("q", "kk", "vv", "pk", "pv", "idx")],
-            [nxrt.TensorMut.from_array(s["y"])])
+            [attnrt.TensorMut.from_array(s["y"])])
 
 
 def in_one_graph(ctx: BenchContext, kern: Any, sets: list[dict],

@@ -28,7 +28,7 @@ from typing import Any
 import bench_index_share as bis
 from bench import BenchContext, row
 
-from nxrt_kernels import _index_share_plan, index_share
+from attnrt.ops import _index_share_plan, index_share
 
 BATCHES = (1, 2, 4, 8, 16, 32, 96, 160, 264)
 

@@ -12,7 +12,7 @@ Our op is timed as CUDA-graph replays of the whole op (write + attention + combi
 per timed region, so host-side validation is not in the number; the torch peer runs eagerly.
 Where one case's latent cache would sit in L2 (B=1), several copies of the inputs are
 replayed in turn so that every replay reads HBM, as one layer of a real decode step does.
-With ``NXRT_BENCH_PAGED_WG=1`` on compute capability 9.0 each decode case gets a second row
+With ``ATTNRT_BENCH_PAGED_WG=1`` on compute capability 9.0 each decode case gets a second row
 for the opt-in wgmma path (``path="wg"``, case suffix ``path=wg``) against the copy bandwidth;
 off by default until tools/sweep_paged.py (which isolates it in a child process) has shown it
 correct on the H200, since a device fault would poison the rest of the bench.
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 from bench import BenchContext, row
 
-from nxrt.api import DataType, Node, TensorView, WorkspaceView
-from nxrt.tensors import DeviceArray
-from nxrt_kernels.paged_attention import PagedAttentionFactory
+from attnrt.ops.paged_attention import PagedAttentionFactory
+from attnrt.runtime.api import DataType, Node, TensorView, WorkspaceView
+from attnrt.runtime.tensors import DeviceArray
 
 HS, VHS, H, BS = 576, 512, 128, 64
 SCALE = 1.0 / (192 ** 0.5)  # DeepSeek-style softmax scale of the un-absorbed head dim
@@ -157,7 +157,7 @@ def _decode_rows(ctx: BenchContext, B: int, L: int) -> list[dict]:
     flops = 2.0 * B * H * L * (HS + VHS)
     copy = ctx.ceilings.get("copy_GBps")
     case = f"decode bf16 B{B} H{H} L{L} d{HS}/{VHS} bs{BS}"
-    wg = os.environ.get("NXRT_BENCH_PAGED_WG") == "1" and \
+    wg = os.environ.get("ATTNRT_BENCH_PAGED_WG") == "1" and \
         tuple(ctx.rt.capabilities.compute_capability) == (9, 0)
     paths = ["auto"] + (["wg"] if wg else [])
     rows: list[dict] = []

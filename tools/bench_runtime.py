@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from bench import BenchContext, row
 
-from nxrt._check import check, driver
+from attnrt.runtime._check import check, driver
 
 EMPTY_SRC = 'extern "C" __global__ void empty_kernel() {}\n'
 ARGS_SRC = r'''
@@ -75,8 +75,8 @@ _CHILD = r'''
 import json, sys, time
 t_start = time.perf_counter()
 import numpy as np
-import nxrt
-rt = nxrt.CudaRuntime(0)
+import attnrt
+rt = attnrt.CudaRuntime(0)
 t_rt = time.perf_counter()
 src = open(sys.argv[1]).read()
 fn = rt.nvrtc_function("bench_compile", src, "dot_bf16_128")
@@ -137,7 +137,7 @@ def _launch_overhead(ctx: BenchContext) -> list[dict]:
         ctx.rt.device.make_current()
     finally:
         rt.free_raw(buf)
-    path = "compiled path" if rt.compiled_launch else "ctypes path (nxrt._launchc not built)"
+    path = "compiled path" if rt.compiled_launch else "ctypes path (attnrt.runtime._launchc not built)"
     ctx.log(f"rt.launch: {path}; medians of {rounds} interleaved rounds x {n} launches")
     ours = rates.pop("ours")
     rows = [row("runtime", "launch empty kernel (host)", "launches/ms", ours, name, rates[name])
@@ -183,7 +183,7 @@ def _compile_cache(ctx: BenchContext) -> list[dict]:
         src_path.write_text(COMPILE_SRC)
         child = Path(d) / "child.py"
         child.write_text(_CHILD)
-        env = dict(os.environ, NXRT_CACHE_DIR=str(Path(d) / "cache"), NXRT_CACHE="1")
+        env = dict(os.environ, ATTNRT_CACHE_DIR=str(Path(d) / "cache"), ATTNRT_CACHE="1")
         root = Path(__file__).resolve().parent.parent
         env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
 

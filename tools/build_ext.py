@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Build the optional compiled launch path (``nxrt/_launchc*.so``) in place.
+"""Build the optional compiled launch path (``attnrt/runtime/_launchc*.so``) in place.
 
 ``pip install .`` / ``pip install -e .`` build it through setup.py. This script is for a
 checkout used straight from PYTHONPATH (tools/gpu_check.sh): it compiles the same extension
 with setuptools' build_ext without reading pyproject.toml, so it also works with the older
 setuptools that machines without network access may have. Exit 0 with a note when no C
-compiler is available: nxrt then launches through ctypes.
+compiler is available: attnrt then launches through ctypes.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ def main() -> int:
     try:
         from setuptools import Distribution, Extension
     except ImportError:
-        print("build_ext: setuptools is missing; nxrt launches through ctypes")
+        print("build_ext: setuptools is missing; attnrt launches through ctypes")
         return 0
-    ext = Extension("nxrt._launchc", ["nxrt/_launchc.c"],
+    ext = Extension("attnrt.runtime._launchc", ["attnrt/runtime/_launchc.c"],
                     define_macros=[("Py_LIMITED_API", "0x030A0000")], py_limited_api=True)
     os.chdir(ROOT)
     dist = Distribution({"name": "nxrt-launchc", "ext_modules": [ext]})
@@ -34,9 +34,10 @@ def main() -> int:
         cmd.run()
     except Exception as exc:  # no compiler, no headers: the ctypes path remains
         print(f"build_ext: compiled launch path not built ({type(exc).__name__}: {exc}); "
-              "nxrt launches through ctypes")
+              "attnrt launches through ctypes")
         return 0
-    print("build_ext: built", ", ".join(str(p.relative_to(ROOT)) for p in ROOT.glob("nxrt/_launchc*.so")))
+    built = ROOT.glob("attnrt/runtime/_launchc*.so")
+    print("build_ext: built", ", ".join(str(p.relative_to(ROOT)) for p in built))
     return 0
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Embedding nxrt in an executor that owns torch tensors: wrap, run, capture, replay.
+"""Embedding attnrt in an executor that owns torch tensors: wrap, run, capture, replay.
 
     python tools/capture_replay.py [--steps N] [--seed S]
 
@@ -17,9 +17,9 @@ value 512, block 64, RoPE) for three sequences of different lengths:
    ``slot_mapping``), the RoPE tables, the output and the op's workspace.
 3. ``TensorView.from_array`` / ``TensorMut.from_array`` wrap them through DLPack: no copy,
    and the view keeps its tensor alive.
-4. Ordering: nxrt launches on ``rt.stream`` (a non-blocking stream). After setup, everything
+4. Ordering: attnrt launches on ``rt.stream`` (a non-blocking stream). After setup, everything
    torch does to these tensors runs on that same stream through
-   ``torch.cuda.ExternalStream(rt.stream.ptr)``, so torch's in-place updates, nxrt's
+   ``torch.cuda.ExternalStream(rt.stream.ptr)``, so torch's in-place updates, attnrt's
    kernels and the graph replays are ordered by the stream itself, with no device-wide
    synchronization between them. (The blunt alternative: ``torch.cuda.synchronize()``
    before each replay.)
@@ -31,7 +31,7 @@ value 512, block 64, RoPE) for three sequences of different lengths:
    rows are written. The graph reads the same pointers, so it is never captured again.
 7. After every replay ``rt.latch.check()`` waits for the stream and raises ``CaptureError``
    naming any error a kernel latched on the device; then the output and the cache are
-   compared with the float64 reference (``nxrt_kernels.reference``).
+   compared with the float64 reference (``attnrt.ops.reference``).
 8. Teardown: the graph is destroyed and the ledger shows zero live bytes (torch owns every
    byte, and the op allocated nothing behind the executor's back).
 """
@@ -50,10 +50,10 @@ sys.path.insert(0, str(ROOT))
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 
-import nxrt  # noqa: E402
-from nxrt.api import DataType, Node, TensorMut, TensorView, WorkspaceView  # noqa: E402
-from nxrt_kernels import reference  # noqa: E402
-from nxrt_kernels.paged_attention import PagedAttentionFactory  # noqa: E402
+import attnrt  # noqa: E402
+from attnrt.ops import reference  # noqa: E402
+from attnrt.ops.paged_attention import PagedAttentionFactory  # noqa: E402
+from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView  # noqa: E402
 
 H, HS, VHS, BS, ROPE = 16, 576, 512, 64, 64
 PAST = (100, 7, 250)  # cached tokens per sequence before the first step
@@ -77,7 +77,7 @@ def rel_fro(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.linalg.norm(o - r) / max(float(np.linalg.norm(r)), 1e-30))
 
 
-def run(torch: Any, rt: nxrt.CudaRuntime, steps: int, seed: int) -> list[str]:
+def run(torch: Any, rt: attnrt.CudaRuntime, steps: int, seed: int) -> list[str]:
     """The embedding itself; returns the mismatches found (empty: clean)."""
     dev, bf16 = torch.device("cuda", 0), torch.bfloat16
     B = len(PAST)
@@ -206,15 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # absent or broken: this example cannot run here
         print(f"capture_replay: cannot run: torch is not importable ({exc})")
         return 2
-    reason = nxrt.gpu_missing_reason()
+    reason = attnrt.gpu_missing_reason()
     if reason is not None or not torch.cuda.is_available():
         print(f"capture_replay: cannot run: {reason or 'torch has no CUDA'}")
         return 2
-    torch.zeros(1, device="cuda")  # torch's context first; nxrt then retains the same one
-    rt = nxrt.CudaRuntime(0)
+    torch.zeros(1, device="cuda")  # torch's context first; attnrt then retains the same one
+    rt = attnrt.CudaRuntime(0)
     try:
         problems = run(torch, rt, args.steps, args.seed)
-    except nxrt.NxrtError as exc:  # a refused input, or a latched device error after a replay
+    except attnrt.AttnrtError as exc:  # a refused input, or a latched device error after a replay
         problems = [f"{type(exc).__name__}: {exc}"]
     finally:
         rt.close()

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import bench_index_share as bis  # noqa: E402
 from bench import BenchContext  # noqa: E402
 
-import nxrt  # noqa: E402
+import attnrt  # noqa: E402
 
 SRC = r"""
 extern "C" __global__ void __launch_bounds__(256) gather_rows(
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=int, default=8192)
     args = ap.parse_args(argv)
-    rt = nxrt.CudaRuntime(0)
+    rt = attnrt.CudaRuntime(0)
     ctx = BenchContext(rt)
     torch = ctx.torch
     if torch is None:

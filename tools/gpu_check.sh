@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # GPU CI entry point: tools/gpu_check.sh OUTDIR
 #
-# Compiles every kernel variant (`nxrt warm --strict`), runs the GPU tests (pytest -m gpu,
+# Compiles every kernel variant (`attnrt warm --strict`), runs the GPU tests (pytest -m gpu,
 # junit XML + log), then the benchmarks, and writes everything flat into OUTDIR:
 # doctor.txt, warm.log, pytest-gpu.log, junit-gpu.xml, bench.json, bench.md, bench.png.
 # Prints a short table last. Exit status: pytest's, else warm's, else bench's.
 #
 # Environment:
-#   NXRT_GPU_TESTS  extra pytest arguments (e.g. "tests/test_runtime_gpu.py -x")
-#   NXRT_BENCH      benchmarks to run: "all" (default), a list such as "runtime paged",
+#   ATTNRT_GPU_TESTS  extra pytest arguments (e.g. "tests/test_runtime_gpu.py -x")
+#   ATTNRT_BENCH      benchmarks to run: "all" (default), a list such as "runtime paged",
 #                   or "none"
-#   NXRT_BENCH_ARGS extra tools/bench.py arguments (e.g. "--quick")
+#   ATTNRT_BENCH_ARGS extra tools/bench.py arguments (e.g. "--quick")
 set -uo pipefail
 OUT=${1:?usage: tools/gpu_check.sh OUTDIR}
 mkdir -p "$OUT"
@@ -18,29 +18,29 @@ OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-: "${NXRT_CACHE_DIR:=${TMPDIR:-/tmp}/nxrt-gpu-check-cache}"
-export NXRT_CACHE_DIR
+: "${ATTNRT_CACHE_DIR:=${TMPDIR:-/tmp}/nxrt-gpu-check-cache}"
+export ATTNRT_CACHE_DIR
 
 # The optional compiled launch path (pip install builds it; a bare checkout needs this).
 python3 tools/build_ext.py 2>&1 | tail -n 1
-python3 -m nxrt.cli doctor 2>&1 | tee "$OUT/doctor.txt"
+python3 -m attnrt.app.cli doctor 2>&1 | tee "$OUT/doctor.txt"
 # Every kernel variant for this GPU, compiled with this machine's NVRTC (the tests then load
 # them from the cache). --strict: a variant whose compile drew a ptxas performance advisory
 # (e.g. C7511, serialised wgmmas; these depend on the NVRTC version) fails the check.
-python3 -m nxrt.cli warm --strict 2> "$OUT/warm.log"
+python3 -m attnrt.app.cli warm --strict 2> "$OUT/warm.log"
 warm_rc=$?
 tail -n 1 "$OUT/warm.log" | tr '\r' '\n' | tail -n 1
 grep -A 200 "performance loss" "$OUT/warm.log"
 
 # shellcheck disable=SC2086
 python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/junit-gpu.xml" \
-  ${NXRT_GPU_TESTS:-} 2>&1 | tee "$OUT/pytest-gpu.log"
+  ${ATTNRT_GPU_TESTS:-} 2>&1 | tee "$OUT/pytest-gpu.log"
 test_rc=${PIPESTATUS[0]}
 
 bench_rc=0
-if [ "${NXRT_BENCH:-all}" != "none" ]; then
+if [ "${ATTNRT_BENCH:-all}" != "none" ]; then
   # shellcheck disable=SC2086
-  python3 tools/bench.py ${NXRT_BENCH:-all} --out "$OUT" --name bench ${NXRT_BENCH_ARGS:-} \
+  python3 tools/bench.py ${ATTNRT_BENCH:-all} --out "$OUT" --name bench ${ATTNRT_BENCH_ARGS:-} \
     > "$OUT/bench.log" 2>&1
   bench_rc=$?
   tail -n 60 "$OUT/bench.log"

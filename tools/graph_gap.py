@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from bench import BenchContext  # noqa: E402
 
-import nxrt  # noqa: E402
-from nxrt._check import check, driver  # noqa: E402
+import attnrt  # noqa: E402
+from attnrt.runtime._check import check, driver  # noqa: E402
 
 SRC = r'''
 extern "C" __global__ void __launch_bounds__(384, 1)
@@ -53,7 +53,7 @@ SHAPES = ((0, 0, 0, 128), (0, 0, 226688, 128), (1, 0, 0, 128), (1, 0, 226688, 12
           (1, 1, 226688, 128), (0, 1, 226688, 128), (0, 0, 0, 1))
 
 
-def per_replay_us(ctx: BenchContext, graph: nxrt.Graph, per_pair: int) -> float:
+def per_replay_us(ctx: BenchContext, graph: attnrt.Graph, per_pair: int) -> float:
     """Median device microseconds per replay, ``per_pair`` replays between two events (the
     bench's timer and warm-up)."""
     def replays() -> None:
@@ -70,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if any(not 0 <= s <= 100_000 for s in args.spin_us):
         ap.error("--spin-us values must be numbers in [0, 100000]")
-    reason = nxrt.gpu_missing_reason()
+    reason = attnrt.gpu_missing_reason()
     if reason:
         print(f"graph_gap: {reason}; nothing to measure", file=sys.stderr)
         return 2
     rows = []
-    with nxrt.CudaRuntime(0) as rt:
+    with attnrt.CudaRuntime(0) as rt:
         if rt.capabilities.compute_capability[0] < 9:
             print("graph_gap: clusters and programmatic launch need compute capability 9.0",
                   file=sys.stderr)

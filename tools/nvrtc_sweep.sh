@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tools/nvrtc_sweep.sh OUTDIR VERSION...: every kernel variant compiled under other NVRTC
-# versions, each checked for ptxas's performance advisories (`nxrt warm --strict`).
+# versions, each checked for ptxas's performance advisories (`attnrt warm --strict`).
 #
 # ptxas's "Potential Performance Loss" advisories (e.g. C7511, every wgmma serialised) depend
 # on the NVRTC version: one IndexShare build was clean under 13.5 and serialised under 13.0
@@ -33,12 +33,12 @@ for v in "$@"; do
   fi
   lib=$(find "$dir/nvidia" -name 'libnvrtc.so.*' ! -name '*alt*' | head -n 1)
   echo "== NVRTC $v ($lib)"
-  NXRT_CACHE_DIR="$dir/cache" LD_PRELOAD="$lib" LD_LIBRARY_PATH="$(dirname "$lib")" \
+  ATTNRT_CACHE_DIR="$dir/cache" LD_PRELOAD="$lib" LD_LIBRARY_PATH="$(dirname "$lib")" \
     python3 -c "
 import sys
-from nxrt import compiler
+from attnrt.runtime import compiler
 print('nvrtc', '.'.join(map(str, compiler.nvrtc_version())))
-from nxrt.cli import main
+from attnrt.app.cli import main
 sys.exit(main(['warm', '--arch', 'sm_90', '--arch', 'sm_80', '--strict']))
 " > "$OUT/warm-$v.log" 2>&1
   r=$?

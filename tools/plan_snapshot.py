@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nxrt.api import DataType, Node  # noqa: E402
-from nxrt_kernels._ref_index_share import parse_attributes, resolve_geometry  # noqa: E402
-from nxrt_kernels.index_share import _plan  # noqa: E402  (before and after the planner's move)
+from attnrt.ops._ref_index_share import parse_attributes, resolve_geometry  # noqa: E402
+from attnrt.ops.index_share import _plan  # noqa: E402  (before and after the planner's move)
+from attnrt.runtime.api import DataType, Node  # noqa: E402
 
 
 def _geometry(n: int, nkv: int, b: int, sq: int, k: int, h: int, dt: DataType,

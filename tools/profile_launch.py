@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import nxrt  # noqa: E402
-from nxrt._check import FastDriver, driver  # noqa: E402
+import attnrt  # noqa: E402
+from attnrt.runtime._check import FastDriver, driver  # noqa: E402
 
 SRC = r'''
 extern "C" __global__ void empty_kernel() {}
@@ -39,7 +39,7 @@ def per_call_us(fn, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def variants(rt: nxrt.CudaRuntime) -> dict:
+def variants(rt: attnrt.CudaRuntime) -> dict:
     e = rt.nvrtc_function("prof", SRC, "empty_kernel")
     a = rt.nvrtc_function("prof", SRC, "args_kernel")
     args = [1, 2, 3, 4, np.int32(5), np.float32(1.0)]
@@ -114,7 +114,7 @@ def variants(rt: nxrt.CudaRuntime) -> dict:
     return rows
 
 
-def probe_cufunction(rt: nxrt.CudaRuntime) -> dict:
+def probe_cufunction(rt: attnrt.CudaRuntime) -> dict:
     """Does a CUfunction launch on the runtime's stream work whatever context is current?"""
     import threading
 
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=5000)
     ap.add_argument("--json", default="")
     opts = ap.parse_args()
-    with nxrt.CudaRuntime(0) as rt:
+    with attnrt.CudaRuntime(0) as rt:
         print("compiled launch path:", rt.compiled_launch)
         try:
             print("CUfunction probe:", json.dumps(probe_cufunction(rt)))

@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import nxrt  # noqa: E402
+import attnrt  # noqa: E402
 
 MODES = (0, 1, 2, 3, 4)
 ROWS = 256  # threads per CTA, one 16-byte row each
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("modes", nargs="+", type=int, choices=MODES, metavar="MODE",
                     help="0-4, see above")
     args = ap.parse_args(argv)
-    rt = nxrt.CudaRuntime()
+    rt = attnrt.CudaRuntime()
     arch = str(rt.capabilities.arch)
     if int("".join(ch for ch in arch.split("_")[-1] if ch.isdigit()) or 0) < 90:
         print(f"rc_cluster_probe: clusters need sm_90 or later, this device is {arch}",

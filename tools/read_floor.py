@@ -28,7 +28,7 @@ from bench import BenchContext  # noqa: E402
 from bench_attention import DECODE_SK  # noqa: E402
 from gather_ceiling import SRC  # noqa: E402
 
-import nxrt  # noqa: E402
+import attnrt  # noqa: E402
 
 B, H, HKV, D = 8, 32, 8, 128
 STEP_CALLS = 8
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = ap.parse_args(argv)
-    rt = nxrt.CudaRuntime(0)
+    rt = attnrt.CudaRuntime(0)
     ctx = BenchContext(rt)
     ctx.measure_ceilings()
     copy = ctx.ceilings["copy_GBps"]

@@ -5,7 +5,7 @@
 # under compute-sanitizer --tool memcheck, racecheck, initcheck and synccheck (each with
 # --error-exitcode 1), one log per tool, then writes OUTDIR/sanitize.md: tool, tests run,
 # passed/failed, sanitizer errors, status. The kernels are compiled once beforehand, without
-# the sanitizer (`nxrt warm` into NXRT_CACHE_DIR), so the sanitized runs only load CUBINs.
+# the sanitizer (`attnrt warm` into ATTNRT_CACHE_DIR), so the sanitized runs only load CUBINs.
 #
 # Files in OUTDIR: warm.log, <tool>.log (sanitizer + pytest output), <tool>.xml (junit),
 # <tool>.result (one summary row; re-running some tools into the same OUTDIR keeps the
@@ -16,8 +16,8 @@
 #   NXRT_SANITIZE_TIMEOUT  seconds per tool before it is stopped (default 110; the four tools
 #                          then fit in about 8 minutes with the warm-up)
 #   COMPUTE_SANITIZER      path of compute-sanitizer (default: PATH, then the CUDA toolkit)
-#   NXRT_CACHE_DIR         compile cache (default: the one tools/gpu_check.sh uses)
-#   NXRT_COMMIT            commit recorded in sanitize.md (default: git rev-parse HEAD)
+#   ATTNRT_CACHE_DIR         compile cache (default: the one tools/gpu_check.sh uses)
+#   ATTNRT_COMMIT            commit recorded in sanitize.md (default: git rev-parse HEAD)
 # Exit status: 0 when every tool ran to the end with zero sanitizer errors and no failing
 # test; 1 otherwise; 2 when compute-sanitizer is not found.
 set -uo pipefail
@@ -27,8 +27,8 @@ OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-: "${NXRT_CACHE_DIR:=${TMPDIR:-/tmp}/nxrt-gpu-check-cache}"
-export NXRT_CACHE_DIR
+: "${ATTNRT_CACHE_DIR:=${TMPDIR:-/tmp}/nxrt-gpu-check-cache}"
+export ATTNRT_CACHE_DIR
 TOOLS=${NXRT_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
 LIMIT=${NXRT_SANITIZE_TIMEOUT:-110}
 
@@ -73,7 +73,7 @@ fi
 echo "compute-sanitizer: $CS ($("$CS" --version 2>/dev/null | tail -n 1))"
 
 # Compile every kernel variant for this GPU once, without the sanitizer.
-python3 -m nxrt.cli warm > "$OUT/warm.log" 2>&1 || echo "warning: nxrt warm failed (see warm.log)"
+python3 -m attnrt.app.cli warm > "$OUT/warm.log" 2>&1 || echo "warning: attnrt warm failed (see warm.log)"
 
 # The subset: small shapes, one or more cases per kernel family (fused tensor-core and SIMT
 # attention, split-KV combine, unfused GEMM/softmax; MLA 64/32-key tiles, split-KV, simple
@@ -199,15 +199,15 @@ for tool in $TOOLS; do
   esac
 done
 
-# NXRT_COMMIT (as tools/bench.py): the commit of a copied tree that git cannot see.
-if [ -n "${NXRT_COMMIT:-}" ]; then
-  commit=${NXRT_COMMIT:0:7}
+# ATTNRT_COMMIT (as tools/bench.py): the commit of a copied tree that git cannot see.
+if [ -n "${ATTNRT_COMMIT:-}" ]; then
+  commit=${ATTNRT_COMMIT:0:7}
   dirty=""
 else
   commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
   dirty=$(git status --porcelain 2>/dev/null | grep -q . && echo " (uncommitted changes)" || true)
 fi
-gpu=$(python3 -c "import nxrt; r = nxrt.CudaRuntime(0); print(r.capabilities.name); r.close()" \
+gpu=$(python3 -c "import attnrt; r = attnrt.CudaRuntime(0); print(r.capabilities.name); r.close()" \
       2>/dev/null || echo unknown)
 {
   echo "# compute-sanitizer sweep"

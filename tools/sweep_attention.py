@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 # One compile cache for every worker (and platformdirs may be missing there).
-os.environ.setdefault("NXRT_CACHE_DIR", str(Path(tempfile.gettempdir()) / "nxrt-sweep-cache"))
+os.environ.setdefault("ATTNRT_CACHE_DIR", str(Path(tempfile.gettempdir()) / "nxrt-sweep-cache"))
 
 SHAPES = [(8, 32, 1024), (2, 32, 4096), (1, 32, 8192)]
 TOL = {"bf16": 1e-2, "f16": 2e-3}
@@ -110,7 +110,7 @@ def sched_build(sched: int, keys: int | None = None) -> dict[int, tuple[int, int
 @contextlib.contextmanager
 def schedule(sched: int, keys: int | None = None) -> Iterator[Any]:
     """attention.py at schedule ``sched`` inside the block (restored after it)."""
-    from nxrt_kernels import attention as A
+    from attnrt.ops import attention as A
 
     saved = A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG
     A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG = sched_build(sched, keys), {}, {}
@@ -171,7 +171,7 @@ def _np_dtype(dt: str) -> Any:
 
 
 def _node(H: int, Hkv: int, attrs: dict, with_mask: bool = False) -> Any:
-    from nxrt.api import Node
+    from attnrt.runtime.api import Node
 
     return Node("Attention", "pkg.nxrt", {"num_heads": H, "kv_num_heads": Hkv, **attrs},
                 ["q", "k", "v", "mask"] if with_mask else ["q", "k", "v"], ["o"])
@@ -202,7 +202,7 @@ def _rows_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: list[tuple[int, 
 
 def _use_schedule(sched: int, keys: int | None = None) -> None:
     """Point attention.py's wgmma plumbing at schedule ``sched`` (this process only)."""
-    from nxrt_kernels import attention as A
+    from attnrt.ops import attention as A
 
     A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG = sched_build(sched, keys), {}, {}
 
@@ -216,17 +216,17 @@ def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
     """
     from bench import BenchContext
 
-    import nxrt
-    from nxrt.api import WorkspaceView
-    from nxrt_kernels import reference
-    from nxrt_kernels.attention import AttentionKernel
+    import attnrt
+    from attnrt.ops import reference
+    from attnrt.ops.attention import AttentionKernel
+    from attnrt.runtime.api import WorkspaceView
     from tests._util import rel_fro
 
     sched = impl_sched(impl)
     if sched is not None:
         _use_schedule(sched, impl_keys(impl))
     path = "fused" if impl == "fused" else "wg"
-    rt = nxrt.CudaRuntime(0)
+    rt = attnrt.CudaRuntime(0)
     # This worker never uses torch: blocking its import saves the 2-4 s BenchContext spends
     # importing it (the sweep runs six workers within its time budget).
     sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
@@ -236,8 +236,8 @@ def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
         print("RESULT " + json.dumps(kw), flush=True)
 
     def setup(node: Any, host: list[np.ndarray], num_splits: int | None = None) -> tuple:
-        arrs = [nxrt.DeviceArray.from_numpy(rt, h) for h in host]
-        out = nxrt.DeviceArray(rt, host[0].shape, arrs[0].view().dtype)
+        arrs = [attnrt.DeviceArray.from_numpy(rt, h) for h in host]
+        out = attnrt.DeviceArray(rt, host[0].shape, arrs[0].view().dtype)
         kern = AttentionKernel(rt, node, path=path, num_splits=num_splits)
         views = [a.view() for a in arrs]
         req = kern.workspace_requirement([t.meta for t in views])
@@ -368,12 +368,12 @@ def torch_worker(quick: bool, reps: int, dtypes: tuple[str, ...]) -> None:
 # --------------------------------------------------------------------------- parent side
 def _compile_one(file: str, options: tuple[str, ...], target: str) -> tuple[str, float, str]:
     """Pool job: compile one variant into the shared disk cache (what the workers load)."""
-    from nxrt.cache import CompileCache
-    from nxrt_kernels import _common
+    from attnrt.ops import _common
+    from attnrt.runtime.cache import CompileCache
 
     t0 = time.time()
     try:
-        CompileCache(os.environ["NXRT_CACHE_DIR"], disk=True).get(
+        CompileCache(os.environ["ATTNRT_CACHE_DIR"], disk=True).get(
             _common.source(file), file, target, options, _common.headers())
         why = ""
     except Exception as exc:  # the worker will meet (and report) the same error
@@ -385,8 +385,8 @@ def precompile(impls: list[str], arch: str = "sm_90") -> None:
     """Compile every variant the selected impls may load, in parallel, before any worker
     starts (NVRTC takes 2-15 s per wgmma variant; serially in the workers that would eat
     most of the time budget). Best effort: a worker compiles whatever is missing."""
-    from nxrt.api import DataType
-    from nxrt_kernels import attention as A
+    from attnrt.ops import attention as A
+    from attnrt.runtime.api import DataType
 
     jobs: set[tuple[str, tuple[str, ...], str]] = set()
     for impl in impls:

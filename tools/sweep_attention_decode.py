@@ -63,7 +63,7 @@ def _np_dtype(dt: str) -> Any:
 
 
 def _node(Hq: int, Hkv: int, **attrs: Any) -> Any:
-    from nxrt.api import Node
+    from attnrt.runtime.api import Node
 
     return Node("Attention", "pkg.nxrt", {"num_heads": Hq, "kv_num_heads": Hkv, **attrs},
                 ["q", "k", "v"], ["o"])
@@ -93,7 +93,7 @@ class Case:
     """Device inputs, output and workspace for one kernel."""
 
     def __init__(self, rt: Any, kernel: Any, arrs: list, out: Any) -> None:
-        from nxrt.api import WorkspaceView
+        from attnrt.runtime.api import WorkspaceView
 
         self.rt, self.kernel, self.out = rt, kernel, out
         self.views = [a.view() for a in arrs]
@@ -151,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench import BenchContext
 
-    import nxrt
-    from nxrt_kernels import reference
-    from nxrt_kernels.attention import AttentionKernel
+    import attnrt
+    from attnrt.ops import reference
+    from attnrt.ops.attention import AttentionKernel
     from tests._util import rel_fro
 
-    rt = nxrt.CudaRuntime(0)
+    rt = attnrt.CudaRuntime(0)
     ctx = BenchContext(rt)
     result: dict[str, Any] = {"shape": {"H": H, "Hkv": HKV, "D": D, "dtype": "bf16"},
                               "checks": [], "rows": [], "ceilings": {}}
@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         node = _node(hq, hkv, **attrs)
         host = [rng.standard_normal(s, dtype=np.float32).astype(_np_dtype(dt))
                 for s in ((b, hq, sq, d), (b, hkv, sk, d), (b, hkv, sk, d))]
-        arrs = [nxrt.DeviceArray.from_numpy(rt, x) for x in host]
-        out = nxrt.DeviceArray(rt, host[0].shape, arrs[0].view().dtype)
+        arrs = [attnrt.DeviceArray.from_numpy(rt, x) for x in host]
+        out = attnrt.DeviceArray(rt, host[0].shape, arrs[0].view().dtype)
         case = Case(rt, AttentionKernel(rt, node, path="decode", num_splits=splits), arrs, out)
         try:
             out.fill_bytes(0xFF)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(nsets):
             host = [_rand(rng, (B, H, 1, D), "bf16"), _rand(rng, (B, HKV, sk, D), "bf16"),
                     _rand(rng, (B, HKV, sk, D), "bf16")]
-            sets.append((host, [nxrt.DeviceArray.from_numpy(rt, x) for x in host]))
+            sets.append((host, [attnrt.DeviceArray.from_numpy(rt, x) for x in host]))
         host, arrs = sets[0]
         idx = [(0, 0), (B - 1, H - 1), (B // 2, 17), (1, 6)]
         want = _rows_ref(host[0], host[1], host[2], idx, G)
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             cases = []
             try:
                 for _, ar in sets:
-                    out = nxrt.DeviceArray(rt, host[0].shape, ar[0].view().dtype)
+                    out = attnrt.DeviceArray(rt, host[0].shape, ar[0].view().dtype)
                     c = Case(rt, AttentionKernel(rt, node, path=path, dec_merge=merge), ar, out)
                     c.kernel.use_counter_pool = pool
                     cases.append(c)

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 # The compile cache must be shared by the workers (and platformdirs may be missing).
-os.environ.setdefault("NXRT_CACHE_DIR", str(Path(tempfile.gettempdir()) / "nxrt-sweep-cache"))
+os.environ.setdefault("ATTNRT_CACHE_DIR", str(Path(tempfile.gettempdir()) / "nxrt-sweep-cache"))
 
 COPY_BYTES = 2 << 30
 TOL_BF16 = 1e-2
@@ -210,10 +210,10 @@ class Worker:
     def __init__(self, reps: int) -> None:
         from bench import BenchContext
 
-        import nxrt
+        import attnrt
 
-        self.nxrt = nxrt
-        self.rt = nxrt.CudaRuntime(0)
+        self.nxrt = attnrt
+        self.rt = attnrt.CudaRuntime(0)
         self.ctx = BenchContext(self.rt)
         self.torch = self.ctx.torch
         self.reps = reps
@@ -230,8 +230,8 @@ class Worker:
     def ceiling(self) -> dict[str, Any]:
         import numpy as np
 
-        from nxrt.api import DataType
-        from nxrt_kernels import _common, index_share
+        from attnrt.ops import _common, index_share
+        from attnrt.runtime.api import DataType
 
         rt = self.rt
         src, dst = rt.alloc_raw(COPY_BYTES), rt.alloc_raw(COPY_BYTES)
@@ -255,9 +255,9 @@ class Worker:
     def check(self, kind: str, n: int, knobs: dict | None) -> dict[str, Any]:
         import numpy as np
 
-        from nxrt import DeviceArray
-        from nxrt.api import DataType, Node
-        from nxrt_kernels import index_share, reference
+        from attnrt.ops import index_share, reference
+        from attnrt.runtime import DeviceArray
+        from attnrt.runtime.api import DataType, Node
 
         try:
             import ml_dtypes
@@ -340,7 +340,7 @@ class Worker:
     def time(self, c: dict[str, Any], knobs: dict | None) -> dict[str, Any]:
         import bench_index_share as bis
 
-        from nxrt_kernels import index_share
+        from attnrt.ops import index_share
 
         torch = self.torch
         sets = self._inputs(c)
@@ -418,10 +418,10 @@ def worker_main(task_file: str, reps: int) -> int:
 
 def _compile_one(args: tuple) -> str:
     file, options, target = args
-    from nxrt.cache import CompileCache
-    from nxrt_kernels import _common
+    from attnrt.ops import _common
+    from attnrt.runtime.cache import CompileCache
 
-    CompileCache(os.environ["NXRT_CACHE_DIR"], disk=True).get(
+    CompileCache(os.environ["ATTNRT_CACHE_DIR"], disk=True).get(
         _common.source(file), file, target, options, _common.headers())
     return file
 
@@ -431,8 +431,8 @@ def precompile(target: str) -> float:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from nxrt.api import DataType
-    from nxrt_kernels import _index_share_builds, index_share
+    from attnrt.ops import _index_share_builds, index_share
+    from attnrt.runtime.api import DataType
 
     t0 = time.perf_counter()
     jobs = [(index_share._aux_variant(DataType.BFLOAT16).file,
@@ -535,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         vs = VARIANTS[(c["kind"], c["n"])]
         return [v for v in vs if vkeep is None or v[0] in vkeep]
 
-    target = os.environ.get("NXRT_SWEEP_ARCH", "sm_90")
+    target = os.environ.get("ATTNRT_SWEEP_ARCH", "sm_90")
     pre = precompile(target)
     print(f"[sweep] precompile {pre:.1f} s", flush=True)
 

@@ -41,12 +41,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import nxrt  # noqa: E402
-from nxrt._check import check, driver  # noqa: E402
-from nxrt.api import Node, TensorView, WorkspaceView  # noqa: E402
-from nxrt.tensors import DeviceArray  # noqa: E402
-from nxrt_kernels import reference  # noqa: E402
-from nxrt_kernels.paged_attention import PagedAttentionFactory  # noqa: E402
+import attnrt  # noqa: E402
+from attnrt.ops import reference  # noqa: E402
+from attnrt.ops.paged_attention import PagedAttentionFactory  # noqa: E402
+from attnrt.runtime._check import check, driver  # noqa: E402
+from attnrt.runtime.api import Node, TensorView, WorkspaceView  # noqa: E402
+from attnrt.runtime.tensors import DeviceArray  # noqa: E402
 from tests._util import TOL, rel_fro  # noqa: E402
 from tests.test_paged_cpu import BF16, F16, make_case  # noqa: E402
 
@@ -70,7 +70,7 @@ _REFS: dict[str, np.ndarray] = {}
 class Timer:
     """Median milliseconds of work enqueued on rt.stream, by CUDA events."""
 
-    def __init__(self, rt: nxrt.CudaRuntime) -> None:
+    def __init__(self, rt: attnrt.CudaRuntime) -> None:
         self.rt = rt
         self.start = check(driver.cuEventCreate(0), "cuEventCreate")
         self.stop = check(driver.cuEventCreate(0), "cuEventCreate")
@@ -93,7 +93,7 @@ class Timer:
         return float(np.median(t)), float(np.percentile(t, 90) - np.percentile(t, 10))
 
 
-def copy_bandwidth(rt: nxrt.CudaRuntime, timer: Timer, nbytes: int = 2 << 30) -> float:
+def copy_bandwidth(rt: attnrt.CudaRuntime, timer: Timer, nbytes: int = 2 << 30) -> float:
     src, dst = rt.alloc_raw(nbytes), rt.alloc_raw(nbytes)
     try:
         rt.memset(src, 0x3C, nbytes)
@@ -104,7 +104,7 @@ def copy_bandwidth(rt: nxrt.CudaRuntime, timer: Timer, nbytes: int = 2 << 30) ->
         rt.free_raw(dst)
 
 
-def fill_random(rt: nxrt.CudaRuntime, arr: DeviceArray, scratch: DeviceArray) -> None:
+def fill_random(rt: attnrt.CudaRuntime, arr: DeviceArray, scratch: DeviceArray) -> None:
     """Fill ``arr`` with copies of a random bf16 block (values do not affect timing; no zeros)."""
     done, n = 0, arr.nbytes
     while done < n:
@@ -116,7 +116,7 @@ def fill_random(rt: nxrt.CudaRuntime, arr: DeviceArray, scratch: DeviceArray) ->
 class DecodeSet:
     """Device inputs of one decode problem: B sequences with L cached keys (the last new)."""
 
-    def __init__(self, rt: nxrt.CudaRuntime, B: int, L: int, scratch: DeviceArray, seed: int) -> None:
+    def __init__(self, rt: attnrt.CudaRuntime, B: int, L: int, scratch: DeviceArray, seed: int) -> None:
         rng = np.random.default_rng(seed)
         mb = -(-L // BS)
         nb = B * mb
@@ -149,7 +149,7 @@ def decode_node() -> Node:
                 ["q", "k", None, "kc", None, "cu", "past", "bt", None, None, "slot"], ["out"])
 
 
-def check_variant(rt: nxrt.CudaRuntime, kw: dict) -> tuple[bool, str]:
+def check_variant(rt: attnrt.CudaRuntime, kw: dict) -> tuple[bool, str]:
     """Run every CHECKS case with factory kwargs ``kw``; (all passed, worst error summary)."""
     worst, notes = 0.0, []
     for name, case_kw in CHECKS.items():
@@ -181,7 +181,7 @@ def check_variant(rt: nxrt.CudaRuntime, kw: dict) -> tuple[bool, str]:
     return not notes, "; ".join(notes) if notes else f"worst {worst:.2f} of tol"
 
 
-def time_variant(rt: nxrt.CudaRuntime, timer: Timer, sets: list[DecodeSet], kw: dict,
+def time_variant(rt: attnrt.CudaRuntime, timer: Timer, sets: list[DecodeSet], kw: dict,
                  reps: int, phases: tuple[str, ...] = ()) -> list[dict]:
     """Graph-replay time of the whole op (and of single phases) rotating over ``sets``."""
     kernel = PagedAttentionFactory(rt, **kw).create(decode_node(), [])
@@ -248,7 +248,7 @@ def run_family(family: str, quick: bool, reps: int) -> dict:
     if quick:
         shapes = [(1, 8192), (32, 8192)]
     rows: list[dict] = []
-    with nxrt.CudaRuntime(0) as rt:
+    with attnrt.CudaRuntime(0) as rt:
         caps = rt.capabilities
         timer = Timer(rt)
         copy = copy_bandwidth(rt, timer)
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--family", choices=sorted(FAMILIES), help=argparse.SUPPRESS)  # child mode
     ap.add_argument("--result", help=argparse.SUPPRESS)  # child mode: where to write JSON
     args = ap.parse_args(argv)
-    reason = nxrt.gpu_missing_reason()
+    reason = attnrt.gpu_missing_reason()
     if reason:
         print(f"sweep_paged: {reason}; nothing to measure", file=sys.stderr)
         return 2

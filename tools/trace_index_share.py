@@ -151,7 +151,7 @@ class _Hooks:
     the trace buffer as ``part_o`` and the programmatic flag of the attention launch."""
 
     def __init__(self, rt: Any) -> None:
-        from nxrt_kernels import _common, _index_share_plan, index_share
+        from attnrt.ops import _common, _index_share_plan, index_share
 
         self.defines: dict[str, str] = {}
         self.src: str | None = None
@@ -309,10 +309,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     import torch
     from bench import BenchContext
 
-    import nxrt
-    from nxrt_kernels import index_share
+    import attnrt
+    from attnrt.ops import index_share
 
-    rt = nxrt.CudaRuntime()
+    rt = attnrt.CudaRuntime()
     hooks = _Hooks(rt)
     ctx = BenchContext(rt, state_ms=args.state_ms)
     specs = [parse_variant(v) for v in (args.variant or DEFAULT_VARIANTS)]

@@ -102,7 +102,7 @@ from typing import Any
 
 import numpy as np
 
-from nxrt.api import (
+from attnrt.runtime.api import (
     CaptureSupport,
     DataType,
     Node,
@@ -112,7 +112,7 @@ from nxrt.api import (
     WorkspaceRequirement,
     WorkspaceView,
 )
-from nxrt.errors import CaptureError, KernelError
+from attnrt.runtime.errors import CaptureError, KernelError
 
 from ._common import CTYPE, ScratchPool, Variant, check_workspace, get_function
 
@@ -839,7 +839,7 @@ class AttentionKernel:
     Parameters
     ----------
     rt
-        The :class:`~nxrt.CudaRuntime`.
+        The :class:`~attnrt.CudaRuntime`.
     node
         The ``pkg.nxrt::Attention`` node (attributes are validated here).
     path

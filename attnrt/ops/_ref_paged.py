@@ -1,6 +1,6 @@
 """float64 numpy reference for ``com.microsoft::PagedAttention`` (LATENT): the test oracle.
 
-Written from the op's equations (see :mod:`nxrt_kernels.paged_attention`), independently of
+Written from the op's equations (see :mod:`attnrt.ops.paged_attention`), independently of
 the CUDA: the write phase scatters each new key row (partial RoPE at its position, rounded
 to the cache dtype) into a copy of ``key_cache``; the read phase runs causal attention of
 every (token, head) over the cached keys ``j <= p`` through ``block_table``, with V the
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from nxrt.api import Node
+from attnrt.runtime.api import Node
 
 __all__ = ["paged_attention"]
 

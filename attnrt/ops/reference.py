@@ -1,7 +1,7 @@
 """numpy references for the three ops (CPU only): the oracle in tests and a CPU fallback.
 
 Each takes the op's inputs as numpy arrays in schema order (``None`` for an absent slot)
-and the same :class:`~nxrt.api.Node` the kernel gets. Computation is float64 internally;
+and the same :class:`~attnrt.runtime.api.Node` the kernel gets. Computation is float64 internally;
 results come back in the inputs' dtype unless ``out_dtype`` says otherwise.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from nxrt.api import Node
+from attnrt.runtime.api import Node
 
 __all__ = ["attention", "paged_attention", "index_share"]
 

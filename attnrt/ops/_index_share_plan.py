@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from nxrt.api import DataType
-from nxrt.errors import KernelError
+from attnrt.runtime.api import DataType
+from attnrt.runtime.errors import KernelError
 
 from ._common import Variant
 from ._index_share_builds import (

@@ -1,11 +1,11 @@
 """IndexShare's kernel builds: the tunables of its CUDA variants, the variant builders and
-``compile_variants`` (what ``nxrt warm`` compiles). ``index_share`` re-exports the public
+``compile_variants`` (what ``attnrt warm`` compiles). ``index_share`` re-exports the public
 names; ``_index_share_plan`` chooses among the builds.
 """
 
 from __future__ import annotations
 
-from nxrt.api import DataType
+from attnrt.runtime.api import DataType
 
 from ._common import Variant
 from ._ref_index_share import FLOAT_TYPES
@@ -115,7 +115,7 @@ def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = 
 
 
 def compile_variants() -> list[Variant]:
-    """Every (file, defines, entries) IndexShare may launch (for ``nxrt warm`` and tests)."""
+    """Every (file, defines, entries) IndexShare may launch (for ``attnrt warm`` and tests)."""
     out: list[Variant] = []
     for dt in FLOAT_TYPES:
         out.append(_aux_variant(dt))

@@ -265,7 +265,7 @@ def performance_loss(log: str) -> list[str]:
 
 
 def warn_performance_loss(name: str, arch: str, log: str) -> None:
-    """Warn (:class:`~nxrt.errors.PerformanceWarning`) if ``log`` holds such advisories."""
+    """Warn (:class:`~attnrt.runtime.errors.PerformanceWarning`) if ``log`` holds such advisories."""
     lines = performance_loss(log)
     if lines:
         warnings.warn(PerformanceWarning(name, arch, lines), stacklevel=3)

@@ -1,4 +1,4 @@
-"""``nxrt demo``: a small GLM/DeepSeek-style decode loop through :mod:`nxrt.executor`.
+"""``attnrt demo``: a small GLM/DeepSeek-style decode loop through :mod:`attnrt.runtime.executor`.
 
 The model has seeded random weights and caches (the ops are the point, so each layer's
 projections are the host's random numbers): ``layers`` layers alternating *dense* (MLA: one
@@ -22,13 +22,13 @@ With a GPU (:func:`run_demo`):
    bias frontier) into one staging buffer with one copy, so the graph's pointers never
    change; the ops append to their caches in place, so positions advance and caches fill.
    The error latch is checked after every step.
-4. Every step's outputs and the final caches are compared with :mod:`nxrt_kernels.reference`
+4. Every step's outputs and the final caches are compared with :mod:`attnrt.ops.reference`
    (float64, CPU). The report gives the largest relative error per op, eager vs replay time
    per step, kernels per step, compile-cache hits and compiles, and the memory ledger
    (zero live bytes at the end); ``ok`` is False when an error exceeds the tolerance or
    memory is left live.
 
-Without a GPU, every kernel is compiled for sm_90 (``nxrt warm``), each node is claimed by
+Without a GPU, every kernel is compiled for sm_90 (``attnrt warm``), each node is claimed by
 its factory, and the same prefill and decode steps run with the references on the CPU.
 """
 
@@ -45,14 +45,14 @@ from typing import Any
 
 import numpy as np
 
-from nxrt.api import DataType, Node, TensorView
-from nxrt.device import gpu_missing_reason
-from nxrt.executor import Executor
+from attnrt.runtime.api import DataType, Node, TensorView
+from attnrt.runtime.device import gpu_missing_reason
+from attnrt.runtime.executor import Executor
 
-from . import reference
-from .attention import AttentionFactory
-from .index_share import IndexShareFactory
-from .paged_attention import PagedAttentionFactory
+from ..ops import reference
+from ..ops.attention import AttentionFactory
+from ..ops.index_share import IndexShareFactory
+from ..ops.paged_attention import PagedAttentionFactory
 
 __all__ = ["DemoConfig", "DemoModel", "ReferenceRun", "attention_node", "decode_node", "rel_fro",
            "op_of", "run_demo", "format_report", "main", "TOL"]
@@ -239,7 +239,7 @@ class DemoModel:
 
 
 class ReferenceRun:
-    """The float64 references of :mod:`nxrt_kernels.reference`, step by step, on own caches."""
+    """The float64 references of :mod:`attnrt.ops.reference`, step by step, on own caches."""
 
     def __init__(self, model: DemoModel) -> None:
         self.model, self.cfg = model, model.cfg
@@ -424,7 +424,7 @@ def _run_gpu(cfg: DemoConfig, rt: Any, say: Callable[[str], None]) -> dict[str, 
             a.free()
     mem1 = rt.memory_stats()
     cache1 = rt.cache.stats.as_dict()
-    say("checking every step against nxrt_kernels.reference (float64, CPU) ...")
+    say("checking every step against attnrt.ops.reference (float64, CPU) ...")
     errs = _verify(cfg, model, rec)
     eager_ms = 1e3 * float(np.mean(rec["eager"]))
     replay_ms = 1e3 * float(np.mean(rec["replay"]))
@@ -485,7 +485,7 @@ def _model_info(cfg: DemoConfig) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- CPU run
 GPU_WOULD_ADD = (
-    "run the same prefill and decode steps with the nxrt kernels through nxrt.executor and check "
+    "run the same prefill and decode steps with the attnrt kernels through attnrt.runtime.executor and check "
     "every op against these references (exit status 1 above the tolerance)",
     "warm up, capture the decode step into one CUDA graph and replay it, with positions advancing "
     "and caches filling in place, checking the error latch after every replay",
@@ -514,8 +514,8 @@ def _claims(cfg: DemoConfig, model: DemoModel) -> dict[str, Any]:
 
 
 def _run_cpu(cfg: DemoConfig, reason: str, say: Callable[[str], None]) -> dict[str, Any]:
-    from nxrt.cache import default_cache
-    from nxrt.cli import warm
+    from attnrt.app.cli import warm
+    from attnrt.runtime.cache import default_cache
 
     say(f"demo: no GPU ({reason}).")
     say("demo: compiling every kernel for sm_90, as a GPU run would load them (progress below):")
@@ -526,7 +526,7 @@ def _run_cpu(cfg: DemoConfig, reason: str, say: Callable[[str], None]) -> dict[s
         say(f"demo: ptxas reports a performance loss in {vid}: {'; '.join(lines)}")
     model = DemoModel(cfg)
     claims = _claims(cfg, model)
-    say(f"demo: running the prefill and {cfg.steps} decode steps with nxrt_kernels.reference ...")
+    say(f"demo: running the prefill and {cfg.steps} decode steps with attnrt.ops.reference ...")
     ref = ReferenceRun(model)
     t0 = time.perf_counter()
     outs = list(ref.prefill().values())
@@ -568,14 +568,14 @@ def run_demo(cfg: DemoConfig | None = None, rt: Any = None,
     cfg
         Sizes and seed (default :class:`DemoConfig()`).
     rt
-        A :class:`~nxrt.CudaRuntime` to run on (its ledger must come back to where it was);
+        A :class:`~attnrt.CudaRuntime` to run on (its ledger must come back to where it was);
         default: a runtime on device 0 when a GPU is present, else the CPU path.
     say
         Progress sink (default: stderr).
 
     Raises
     ------
-    NxrtError
+    AttnrtError
         A kernel refused its inputs, a compile failed, or the latch was set after a step.
     """
     cfg = cfg or DemoConfig()
@@ -585,7 +585,7 @@ def run_demo(cfg: DemoConfig | None = None, rt: Any = None,
     reason = gpu_missing_reason()
     if reason is not None:
         return _run_cpu(cfg, reason, say)
-    from nxrt.runtime import CudaRuntime
+    from attnrt.runtime.runtime import CudaRuntime
 
     with CudaRuntime(0) as own:
         return _run_gpu(cfg, own, say)
@@ -607,7 +607,7 @@ def format_report(r: dict[str, Any]) -> str:
              f"{s['head_dim']}, shared top-{s['topk']}, capacity {s['capacity']}"]
     if not r["gpu"]:
         c, ref = r["compile"], r["cpu_reference"]
-        lines = [f"nxrt demo: no GPU ({r['reason']})", *lines,
+        lines = [f"attnrt demo: no GPU ({r['reason']})", *lines,
                  f"compiled   {c['variants']} kernel variants for {c['arch']} in {c['seconds']} s "
                  f"({c['failed']} failed), cache {c['cache_dir']}",
                  f"claimed    {', '.join(f'{v} {k}' for k, v in r['claims']['nodes'].items())} nodes "
@@ -615,12 +615,12 @@ def format_report(r: dict[str, Any]) -> str:
                  f"reference  numpy float64 on the CPU: prefill ({ref['prefill_ops']} Attention) in "
                  f"{ref['prefill_s']} s; {ref['decode_steps']} decode steps of {ref['ops_per_step']} "
                  f"ops, {ref['ms_per_step']} ms/step",
-                 "with a GPU, `nxrt demo` would also:",
+                 "with a GPU, `attnrt demo` would also:",
                  *[f"  - {t}" for t in r["gpu_would_add"]]]
     else:
         dec, c, led = r["decode"], r["cache"], r["ledger"]
         paths = "; ".join(f"{op} {', '.join(p)}" for op, p in r["paths"].items())
-        lines = [f"nxrt demo: decode loop through nxrt.executor on {r['device']} ({r['arch']})", *lines,
+        lines = [f"attnrt demo: decode loop through the executor on {r['device']} ({r['arch']})", *lines,
                  f"prefill    {r['prefill']['ops']} Attention ops in {r['prefill']['seconds']:.3f} s "
                  "(first run: includes compiles)",
                  f"decode     step 0 eager in {dec['first_step_s']:.3f} s (compiles/loads), "
@@ -647,11 +647,11 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    """``nxrt demo [--steps N] [--layers L] [--seed S] [--json]``: 0 ok, 1 failed, 2 bad options."""
+    """``attnrt demo [--steps N] [--layers L] [--seed S] [--json]``: 0 ok, 1 failed, 2 bad options."""
     try:
         cfg = DemoConfig(layers=args.layers, steps=args.steps, seed=getattr(args, "seed", 0))
     except ValueError as exc:
-        print(f"nxrt demo: {exc}", file=sys.stderr)
+        print(f"attnrt demo: {exc}", file=sys.stderr)
         return 2
     report = run_demo(cfg)
     print(json.dumps(report, indent=1) if args.json else format_report(report), flush=True)

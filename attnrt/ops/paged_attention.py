@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from nxrt.api import (
+from attnrt.runtime.api import (
     CaptureSupport,
     DataType,
     Node,
@@ -68,7 +68,7 @@ from nxrt.api import (
     WorkspaceRequirement,
     WorkspaceView,
 )
-from nxrt.errors import KernelError, Unsupported
+from attnrt.runtime.errors import KernelError, Unsupported
 
 from ._common import Variant, check_workspace, expect, get_function
 
@@ -245,7 +245,7 @@ class PagedAttentionFactory:
     Parameters
     ----------
     rt
-        The :class:`~nxrt.CudaRuntime` the kernels launch on (``None``: plan-only kernels).
+        The :class:`~attnrt.CudaRuntime` the kernels launch on (``None``: plan-only kernels).
     path
         ``"auto"`` (the rule in the module docstring), ``"mla"``, ``"mla64"``/``"mla32"``
         (force the tile), or ``"simple"``.
@@ -416,7 +416,7 @@ class PagedAttentionKernel:
     Parameters
     ----------
     rt
-        The :class:`~nxrt.CudaRuntime` (``None``: plan and validate only).
+        The :class:`~attnrt.CudaRuntime` (``None``: plan and validate only).
     node
         The node; its attributes are validated here.
     path, num_splits

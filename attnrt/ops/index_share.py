@@ -17,7 +17,7 @@ device and only those B integers are read back (instead of the whole bias), so e
 capacity mode costs one small device round trip. While the stream is capturing, the
 attention kernel itself checks the same rules as it stages each split's columns (every
 rule is local to a column and its left neighbour) and sets latch bit 512
-(``nxrt.latch.INDEX_SHARE_SELECTED_INDICES``); ``rt.latch.check()`` after a replay raises
+(``attnrt.runtime.latch.INDEX_SHARE_SELECTED_INDICES``); ``rt.latch.check()`` after a replay raises
 ``CaptureError`` naming it. Every gather index is clamped, so a poisoned replay never reads
 out of bounds (its Y is garbage, by design: the latch says so).
 
@@ -46,7 +46,7 @@ or more take the warp-specialised persistent build
 of up to 128 heads, a producer warpgroup stages and validates each item's index columns one
 item ahead and gathers 128-key tiles into mbarrier rings, two consumer warpgroups share
 every tile (knobs ``ctas``: cap the grid; ``q2``: two Q slots, one split and int32 indices
-only). ``NXRT_INDEX_SHARE_WG=0`` turns the wgmma path off. Decode rows split the selected
+only). ``ATTNRT_INDEX_SHARE_WG=0`` turns the wgmma path off. Decode rows split the selected
 keys over CTAs until they fill the GPU; the task's last CTA merges the split partials in
 split order (knob ``merge``: "last", or "kernel" for a separate ``is_combine`` launch).
 Past one CTA per split item the warp-specialised build splits only where that shortens its
@@ -78,7 +78,7 @@ from typing import Any
 
 import numpy as np
 
-from nxrt.api import (
+from attnrt.runtime.api import (
     CaptureSupport,
     DataType,
     Node,
@@ -88,7 +88,7 @@ from nxrt.api import (
     WorkspaceRequirement,
     WorkspaceView,
 )
-from nxrt.errors import CaptureError, KernelError
+from attnrt.runtime.errors import CaptureError, KernelError
 
 from . import _common
 from ._common import ScratchPool, Variant
@@ -309,8 +309,8 @@ class IndexShareKernel:
                      self.plan_override, wg_arch=self._wg_arch())
 
     def _wg_arch(self) -> bool:
-        """The device runs sm_90a code (wgmma) and NXRT_INDEX_SHARE_WG is not 0."""
-        if os.environ.get("NXRT_INDEX_SHARE_WG", "1") == "0":
+        """The device runs sm_90a code (wgmma) and ATTNRT_INDEX_SHARE_WG is not 0."""
+        if os.environ.get("ATTNRT_INDEX_SHARE_WG", "1") == "0":
             return False
         return str(getattr(self.rt.capabilities, "arch", "")) == "sm_90"
 

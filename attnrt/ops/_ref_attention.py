@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from nxrt.api import Node
+from attnrt.runtime.api import Node
 
 from .attention import check_dims, parse_attributes
 

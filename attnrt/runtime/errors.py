@@ -1,6 +1,6 @@
-"""The nxrt exception hierarchy.
+"""The attnrt exception hierarchy.
 
-Every error nxrt raises on purpose derives from :class:`NxrtError`. Plain misuse of
+Every error attnrt raises on purpose derives from :class:`AttnrtError`. Plain misuse of
 Python arguments (a negative size, a wrong type) raises ``TypeError``/``ValueError``
 instead. All errors keep their fields and survive ``pickle`` (pytest-xdist, process pools).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
-    "NxrtError",
+    "AttnrtError",
     "CudaError",
     "CompileError",
     "KernelError",
@@ -21,8 +21,8 @@ __all__ = [
 ]
 
 
-class NxrtError(Exception):
-    """Base class of every nxrt error."""
+class AttnrtError(Exception):
+    """Base class of every attnrt error."""
 
     def __reduce__(self):  # keep subclass fields across pickle
         return (_rebuild, (type(self), self.args, self.__dict__))
@@ -35,7 +35,7 @@ def _rebuild(cls, args, state):
     return obj
 
 
-class CudaError(NxrtError):
+class CudaError(AttnrtError):
     """A CUDA driver (or NVRTC) call failed.
 
     Attributes
@@ -59,7 +59,7 @@ class CudaError(NxrtError):
         super().__init__(msg)
 
 
-class CompileError(NxrtError):
+class CompileError(AttnrtError):
     """NVRTC refused a kernel source.
 
     Attributes
@@ -95,18 +95,18 @@ class CompileError(NxrtError):
                 f"{self.numbered_source()}\n")
 
 
-class KernelError(NxrtError):
+class KernelError(AttnrtError):
     """A kernel refused its inputs (shape, dtype, attribute or stride it cannot take).
 
     The message names the input, the value received and what was expected.
     """
 
 
-class Unsupported(NxrtError):
+class Unsupported(AttnrtError):
     """A node or configuration that this kernel declines (claim time) or does not implement."""
 
 
-class CaptureError(NxrtError):
+class CaptureError(AttnrtError):
     """An operation that is illegal while capturing, or latched error bits after a replay.
 
     Attributes
@@ -123,7 +123,7 @@ class CaptureError(NxrtError):
         super().__init__(message)
 
 
-class WorkspaceError(NxrtError):
+class WorkspaceError(AttnrtError):
     """A workspace is smaller than (or misaligned for) what the kernel asked for.
 
     Attributes
@@ -143,14 +143,14 @@ class WorkspaceError(NxrtError):
 class PerformanceWarning(UserWarning):
     """A kernel compiled, but ptxas reported that it gave up performance to do so.
 
-    Raised as a warning (``warnings.warn``) by :func:`nxrt.compiler.compile_source` when the
+    Raised as a warning (``warnings.warn``) by :func:`attnrt.runtime.compiler.compile_source` when the
     log holds a "Potential Performance Loss" advisory, e.g. C7511: too few registers to keep
     wgmma instructions in flight, so every wgmma of the kernel is serialised (several times
     slower on Hopper). Such advisories depend on the ptxas version inside NVRTC, so a kernel
     clean on one toolkit can draw one on another. It is raised once per kernel and process
     (at the compile or at the first disk-cache load). ``warnings.simplefilter("error",
-    nxrt.PerformanceWarning)``, or pytest's ``-W error::nxrt.errors.PerformanceWarning``,
-    turns it into a failure (nxrt's own tests do, through ``pyproject.toml``).
+    attnrt.PerformanceWarning)``, or pytest's ``-W error::attnrt.runtime.errors.PerformanceWarning``,
+    turns it into a failure (attnrt's own tests do, through ``pyproject.toml``).
 
     Attributes
     ----------

@@ -1,4 +1,4 @@
-"""The ``nxrt`` command: ``doctor``, ``cache ls|stats|verify|clear``, ``warm``, ``demo``."""
+"""The ``attnrt`` command: ``doctor``, ``cache ls|stats|verify|clear``, ``warm``, ``demo``."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any
 
-from . import __version__, compiler
-from .cache import default_cache
-from .device import gpu_missing_reason
-from .errors import CompileError, NxrtError, PerformanceWarning
+from .. import __version__
+from ..runtime import compiler
+from ..runtime.cache import default_cache
+from ..runtime.device import gpu_missing_reason
+from ..runtime.errors import AttnrtError, CompileError, PerformanceWarning
 
 
 def _print(msg: str = "") -> None:
@@ -27,7 +28,7 @@ def _print(msg: str = "") -> None:
 def _versions() -> dict[str, str]:
     from importlib import metadata
 
-    out = {"nxrt": __version__, "python": sys.version.split()[0]}
+    out = {"attnrt": __version__, "python": sys.version.split()[0]}
     for pkg in ("cuda-bindings", "cuda-core", "cuda-pathfinder", "numpy", "ml-dtypes", "platformdirs"):
         try:
             out[pkg] = metadata.version(pkg)
@@ -48,17 +49,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     info["cache"] = {"dir": str(cache.directory), "disk_enabled": cache.disk,
                      "entries": len(cache.entries()), "bytes": cache.size_bytes()}
     try:
-        from . import _launchc  # noqa: F401
+        from ..runtime import _launchc  # noqa: F401
 
-        info["launch_path"] = "compiled (nxrt._launchc)"
+        info["launch_path"] = "compiled (attnrt.runtime._launchc)"
     except ImportError as exc:
-        info["launch_path"] = f"ctypes (nxrt._launchc not built: {exc})"
+        info["launch_path"] = f"ctypes (attnrt.runtime._launchc not built: {exc})"
     reason = gpu_missing_reason()
     info["gpu"] = reason or "available"
     devices = []
     if reason is None:
-        from ._check import check, driver
-        from .device import Device, device_count
+        from ..runtime._check import check, driver
+        from ..runtime.device import Device, device_count
 
         info["driver"] = check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
         for i in range(device_count()):
@@ -70,18 +71,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         _print(json.dumps(info, indent=1))
         return 0
     v = info["versions"]
-    _print(f"nxrt {v['nxrt']} (python {v['python']})")
-    _print("packages: " + ", ".join(f"{k} {val}" for k, val in v.items() if k not in ("nxrt", "python")))
+    _print(f"attnrt {v['attnrt']} (python {v['python']})")
+    _print("packages: " + ", ".join(f"{k} {val}" for k, val in v.items() if k not in ("attnrt", "python")))
     _print(f"NVRTC: {info['nvrtc']}  targets: {' '.join(info.get('nvrtc_archs', []))}")
     hdr = info["include_dirs"]
     _print("CUDA headers: " + (", ".join(hdr) if hdr else
                               "NOT FOUND (pip install 'cuda-toolkit[nvrtc,cudart]')"))
     c = info["cache"]
-    _print(f"compile cache: {c['dir']} ({'on' if c['disk_enabled'] else 'off: NXRT_CACHE=0'}), "
+    _print(f"compile cache: {c['dir']} ({'on' if c['disk_enabled'] else 'off: ATTNRT_CACHE=0'}), "
            f"{c['entries']} entries, {c['bytes'] / 1e6:.1f} MB")
     _print(f"launch path: {info['launch_path']}")
     if reason is not None:
-        _print(f"GPU: none — {reason}. Compiling still works: `nxrt warm --arch sm_90`.")
+        _print(f"GPU: none — {reason}. Compiling still works: `attnrt warm --arch sm_90`.")
         return 0
     drv = info["driver"]
     _print(f"driver: CUDA {drv // 1000}.{drv % 1000 // 10}")
@@ -121,8 +122,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 def _variants() -> list[tuple[str, Any]]:
     # The CLI is an application on top of both packages; the runtime layer itself never
-    # imports nxrt_kernels.
-    kernels = importlib.import_module("nxrt_kernels")
+    # imports attnrt.ops.
+    kernels = importlib.import_module("attnrt.ops")
     out = []
     for domain, op in kernels.registered_ops():
         target = kernels.REGISTRY[(domain, op)]
@@ -135,7 +136,7 @@ def _warm_one(file: str, module: str, target: str,
               options: tuple[str, ...]) -> tuple[float, bool, list[str]]:
     """One variant into the disk cache (runs in a worker process): (seconds, compiled?,
     ptxas's performance advisories)."""
-    from nxrt_kernels import _common
+    from attnrt.ops import _common
 
     cache = default_cache()
     before = cache.stats.compiles  # a worker process handles many variants
@@ -203,7 +204,7 @@ def cmd_warm(args: argparse.Namespace) -> int:
         if reason is not None:
             _print(f"warm: no GPU ({reason}); give targets with --arch, e.g. --arch sm_90")
             return 2
-        from .device import Device
+        from ..runtime.device import Device
 
         dev = Device(0)
         archs = [compiler.target_arch(dev.capabilities.arch)[0]]
@@ -222,15 +223,15 @@ def cmd_warm(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    # nxrt.demo imports nxrt_kernels only when the command runs (the layering rule).
+    # The demo imports the kernels; load it only when the command runs (keeps `attnrt doctor` light).
     from .demo import main as demo_main
 
     return demo_main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nxrt", description="driver-level CUDA runtime + attention kernels")
-    p.add_argument("--version", action="version", version=f"nxrt {__version__}")
+    p = argparse.ArgumentParser(prog="attnrt", description="driver-level CUDA runtime + attention kernels")
+    p.add_argument("--version", action="version", version=f"attnrt {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("doctor", help="driver, NVRTC, headers, devices, cache")
     d.add_argument("--json", action="store_true")
@@ -260,8 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except NxrtError as exc:
-        print(f"nxrt {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except AttnrtError as exc:
+        print(f"attnrt {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
 

@@ -1,4 +1,4 @@
-"""nxrt: a driver-level CUDA runtime for Python, with attention kernels on top."""
+"""attnrt.runtime: the driver-level CUDA runtime (the only code that calls cuda.bindings)."""
 
 from .api import (
     CaptureSupport,
@@ -16,11 +16,11 @@ from .api import (
 from .cache import CompileCache, default_cache
 from .device import Capabilities, device_count, gpu_missing_reason
 from .errors import (
+    AttnrtError,
     CaptureError,
     CompileError,
     CudaError,
     KernelError,
-    NxrtError,
     PerformanceWarning,
     Unsupported,
     WorkspaceError,
@@ -36,7 +36,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CaptureError", "CaptureSupport", "Capabilities", "CompileCache", "CompileError",
     "CudaError", "CudaRuntime", "DataType", "DeviceArray", "Function", "Graph", "Kernel", "KernelError",
-    "KernelFactory", "LaunchConfig", "MemoryStats", "Node", "NxrtError", "PerformanceWarning",
+    "KernelFactory", "LaunchConfig", "MemoryStats", "Node", "AttnrtError", "PerformanceWarning",
     "TensorMetadata", "TensorMut", "TensorView", "Unsupported", "WorkspaceError", "WorkspaceLifetime",
     "WorkspaceRequirement", "WorkspaceView", "default_cache", "device_count",
     "gpu_missing_reason", "reduction_launch_config", "__version__",

@@ -1,6 +1,6 @@
 """numpy reference of ``pkg.nxrt::IndexShare`` plus the pieces the kernel shares with it.
 
-Shared with :mod:`nxrt_kernels.index_share` (so the two refuse exactly the same inputs):
+Shared with :mod:`attnrt.ops.index_share` (so the two refuse exactly the same inputs):
 
 - :func:`parse_attributes` and :func:`resolve_geometry`: attribute and shape rules.
 - :func:`find_index_violation` / :func:`check_selected_indices`: the ``selected_indices``
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nxrt.api import DataType, Node
-from nxrt.errors import KernelError
+from attnrt.runtime.api import DataType, Node
+from attnrt.runtime.errors import KernelError
 
 __all__ = [
     "Attributes", "Geometry", "IndexViolation", "SelectedIndicesError", "parse_attributes",

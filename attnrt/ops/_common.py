@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nxrt.api import DataType, WorkspaceRequirement, WorkspaceView
-from nxrt.errors import CaptureError, KernelError, WorkspaceError
+from attnrt.runtime.api import DataType, WorkspaceRequirement, WorkspaceView
+from attnrt.runtime.errors import CaptureError, KernelError, WorkspaceError
 
 from . import CUDA_DIR
 
@@ -25,7 +25,7 @@ CTYPE: dict[DataType, str] = {
 
 @functools.cache
 def source(name: str) -> str:
-    """The text of ``nxrt_kernels/cuda/<name>``."""
+    """The text of ``attnrt.ops/cuda/<name>``."""
     return (CUDA_DIR / name).read_text()
 
 
@@ -47,7 +47,7 @@ def defines_to_options(defines: Mapping[str, object]) -> tuple[str, ...]:
 class Variant:
     """One compile of one ``.cu`` file: its ``-D`` defines, entries, and minimum arch.
 
-    ``nxrt warm`` and the CPU compile tests walk every op module's ``compile_variants()``.
+    ``attnrt warm`` and the CPU compile tests walk every op module's ``compile_variants()``.
     """
 
     file: str

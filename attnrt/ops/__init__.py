@@ -1,7 +1,7 @@
-"""nxrt_kernels: the attention ops, by (domain, op_type).
+"""attnrt.ops: the attention ops, by (domain, op_type).
 
 The registry maps each (domain, op_type) to its factory class; modules are imported on
-first lookup so that ``import nxrt_kernels`` stays cheap.
+first lookup so that ``import attnrt.ops`` stays cheap.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ CUDA_DIR = Path(__file__).parent / "cuda"
 
 #: (domain, op_type) -> "module:FactoryClass"
 REGISTRY: dict[tuple[str, str], str] = {
-    ("pkg.nxrt", "Attention"): "nxrt_kernels.attention:AttentionFactory",
-    ("com.microsoft", "PagedAttention"): "nxrt_kernels.paged_attention:PagedAttentionFactory",
-    ("pkg.nxrt", "IndexShare"): "nxrt_kernels.index_share:IndexShareFactory",
+    ("pkg.nxrt", "Attention"): "attnrt.ops.attention:AttentionFactory",
+    ("com.microsoft", "PagedAttention"): "attnrt.ops.paged_attention:PagedAttentionFactory",
+    ("pkg.nxrt", "IndexShare"): "attnrt.ops.index_share:IndexShareFactory",
 }
 
 

@@ -1,4 +1,4 @@
-/* nxrt._launchc: the compiled hot path of CudaRuntime.launch (optional accelerator).
+/* attnrt.runtime._launchc: the compiled hot path of CudaRuntime.launch (optional accelerator).
  *
  * One Launcher per runtime. Its `launch(fn, grid, block, args, shared_mem=0)` does what the
  * Python hot path in runtime.py does -- one dict lookup of the cached CUlaunchConfig, the
@@ -258,13 +258,13 @@ static PyType_Slot Launcher_slots[] = {
 };
 
 static PyType_Spec Launcher_spec = {
-    "nxrt._launchc.Launcher", sizeof(Launcher), 0,
+    "attnrt.runtime._launchc.Launcher", sizeof(Launcher), 0,
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, Launcher_slots,
 };
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "_launchc",
-    "The compiled launch path of nxrt.CudaRuntime (optional; runtime.py falls back to ctypes).",
+    "The compiled launch path of attnrt.CudaRuntime (optional; runtime.py falls back to ctypes).",
     -1, NULL, NULL, NULL, NULL, NULL,
 };
 

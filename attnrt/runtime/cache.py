@@ -13,15 +13,15 @@ Cache key (sha256 over labelled, length-prefixed fields, so no two field lists c
 
 An entry file is ``MAGIC | u32 meta length | meta JSON | CUBIN | PTX | sha256(all before)``;
 the meta keeps NVRTC's log (format 2), so that a later process loading the entry still
-warns (:class:`~nxrt.errors.PerformanceWarning`) when ptxas reported a performance loss.
+warns (:class:`~attnrt.runtime.errors.PerformanceWarning`) when ptxas reported a performance loss.
 Writes go to a temp file in the same directory and are published with ``os.replace``
 (atomic on POSIX), so readers see a whole entry or none, with any number of writers.
 An entry that is truncated, corrupt, of another format or for another key is a miss:
 it is recompiled and rewritten, never an exception. Disk errors (read-only directory,
 full disk) degrade to compiling without the disk layer.
 
-Environment: ``NXRT_CACHE_DIR`` (default: platformdirs' user cache dir for ``nxrt``),
-``NXRT_CACHE=0`` disables the disk layer.
+Environment: ``ATTNRT_CACHE_DIR`` (default: platformdirs' user cache dir for ``attnrt``),
+``ATTNRT_CACHE=0`` disables the disk layer.
 """
 
 from __future__ import annotations
@@ -51,17 +51,17 @@ _DIGEST = 32
 
 
 def default_cache_dir() -> Path:
-    """``NXRT_CACHE_DIR`` or platformdirs' user cache directory for ``nxrt``."""
-    env = os.environ.get("NXRT_CACHE_DIR")
+    """``ATTNRT_CACHE_DIR`` or platformdirs' user cache directory for ``attnrt``."""
+    env = os.environ.get("ATTNRT_CACHE_DIR")
     if env:
         return Path(env).expanduser()
     import platformdirs
 
-    return Path(platformdirs.user_cache_dir("nxrt", appauthor=False))
+    return Path(platformdirs.user_cache_dir("attnrt", appauthor=False))
 
 
 def _disk_enabled_by_env() -> bool:
-    return os.environ.get("NXRT_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get("ATTNRT_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def cache_key(source: str, arch: str, options: Sequence[str],
@@ -108,7 +108,7 @@ class CacheStats:
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One entry on disk, as ``nxrt cache ls`` shows it."""
+    """One entry on disk, as ``attnrt cache ls`` shows it."""
 
     path: Path
     key: str
@@ -163,7 +163,7 @@ class CompileCache:
     directory
         Where entries live (default :func:`default_cache_dir`).
     disk
-        Use the disk layer (default: unless ``NXRT_CACHE=0``).
+        Use the disk layer (default: unless ``ATTNRT_CACHE=0``).
     """
 
     def __init__(self, directory: str | os.PathLike | None = None, disk: bool | None = None) -> None:
@@ -249,7 +249,7 @@ class CompileCache:
         except OSError as exc:
             with self._lock:
                 self.stats.write_errors += 1
-            warnings.warn(f"nxrt: could not write compile cache entry {path}: {exc}", stacklevel=3)
+            warnings.warn(f"attnrt: could not write compile cache entry {path}: {exc}", stacklevel=3)
         finally:
             if tmp is not None:
                 try:

@@ -48,7 +48,7 @@ class Stream:
 
 
 class CudaRuntime:
-    """Everything nxrt does on one device.
+    """Everything attnrt does on one device.
 
     Parameters
     ----------
@@ -86,7 +86,7 @@ class CudaRuntime:
         self._capture_graph: Graph | None = None
         self._py_launches = 0
         self._launcher = None
-        if _launchc is not None and os.environ.get("NXRT_COMPILED_LAUNCH", "1") != "0":
+        if _launchc is not None and os.environ.get("ATTNRT_COMPILED_LAUNCH", "1") != "0":
             # The compiled hot path shadows the method below for this instance; it calls
             # _launch_py for everything off the hot path (same checks, same errors).
             self._launcher = _launchc.Launcher(self._fast.launch_address, self._configs,
@@ -274,7 +274,7 @@ class CudaRuntime:
 
     @property
     def compiled_launch(self) -> bool:
-        """True when :meth:`launch` runs the compiled hot path (``nxrt._launchc``)."""
+        """True when :meth:`launch` runs the compiled hot path (``attnrt.runtime._launchc``)."""
         return self._launcher is not None
 
     def launch(self, fn: Function, grid: int | Sequence[int], block: int | Sequence[int],
@@ -291,9 +291,9 @@ class CudaRuntime:
         (the wait returns once that kernel has completed and its writes are visible). Only
         kernels written that way may take it; it goes by the pure-Python path. When the
         optional extension
-        ``nxrt._launchc`` is built (``pip install`` does it where a C compiler exists), the
+        ``attnrt.runtime._launchc`` is built (``pip install`` does it where a C compiler exists), the
         instance's ``launch`` is its compiled hot path, which defers to this method for
-        anything unusual; ``NXRT_COMPILED_LAUNCH=0`` keeps this pure-Python path.
+        anything unusual; ``ATTNRT_COMPILED_LAUNCH=0`` keeps this pure-Python path.
 
         Raises
         ------

@@ -1,6 +1,6 @@
 """The single place that unwraps ``(err, *values)`` tuples returned by cuda.bindings.
 
-Everything above this module sees plain values or :class:`~nxrt.errors.CudaError`.
+Everything above this module sees plain values or :class:`~attnrt.runtime.errors.CudaError`.
 """
 
 from __future__ import annotations
