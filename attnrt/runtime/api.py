@@ -91,6 +91,34 @@ class Node:
     def has(self, name: str) -> bool:
         return name in self.attributes
 
+    @classmethod
+    def from_onnx(cls, proto: Any) -> Node:
+        """The node of an ONNX ``NodeProto`` (needs the optional ``onnx`` package).
+
+        Attribute values become plain Python (str, int, float, lists; tensors as numpy
+        arrays); empty input/output names become ``None`` (absent optional slots).
+
+        Raises
+        ------
+        ImportError
+            ``onnx`` is not installed.
+        TypeError
+            ``proto`` is not a ``NodeProto``.
+        """
+        from ._onnx import node_from_onnx
+        return node_from_onnx(cls, proto)
+
+    def to_onnx(self, name: str = "") -> Any:
+        """This node as an ONNX ``NodeProto`` (``None`` slots as empty names).
+
+        Raises
+        ------
+        ImportError
+            ``onnx`` is not installed.
+        """
+        from ._onnx import node_to_onnx
+        return node_to_onnx(self, name)
+
     def _typed(self, name: str, default: Any, kind: str, ok: Any) -> Any:
         if name not in self.attributes:
             if default is _MISSING:

@@ -21,6 +21,7 @@ from .graph import CAPTURE_MODES, Graph
 from .latch import Latch
 from .launch import Function, dim3, ptx_param_count
 from .memory import Ledger, MemoryStats
+from .streams import Stream, StreamSwitch, foreign_stream, stream_handle
 
 try:  # the optional compiled launch path (setup.py builds it where a C compiler exists)
     from . import _launchc
@@ -36,17 +37,6 @@ def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 
 
-class Stream:
-    """The runtime's one non-blocking stream; ``handle`` is the ``CUstream``, ``ptr`` its int."""
-
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-        self.ptr = int(handle)
-
-    def __repr__(self) -> str:
-        return f"Stream(0x{self.ptr:x})"
-
-
 class CudaRuntime:
     """Everything attnrt does on one device.
 
@@ -56,24 +46,41 @@ class CudaRuntime:
         Device ordinal.
     cache
         The compile cache (default: the process-wide one, shared by all runtimes).
+    stream
+        Bind to an existing stream of this device instead of creating one: anything
+        :func:`~attnrt.runtime.streams.stream_handle` takes (``__cuda_stream__``, a torch or
+        CuPy stream, a ``CUstream``, a raw handle). Not owned: :meth:`close` never destroys it.
+
+    Raises
+    ------
+    ValueError
+        ``stream`` belongs to another device's context.
 
     Notes
     -----
     Every call that touches the device first makes this runtime's context current, so
     several runtimes (same or different devices) coexist in one process and one thread.
-    While the stream is capturing, :meth:`alloc_raw`, :meth:`free_raw`,
-    :meth:`synchronize`, :meth:`htod`, :meth:`dtoh` and latch reads raise
-    :class:`CaptureError`; the capture can still be ended or aborted.
+    While the stream is capturing (by us, or by torch on a bound stream), :meth:`alloc_raw`,
+    :meth:`free_raw`, :meth:`synchronize`, :meth:`htod`, :meth:`dtoh` and latch reads raise
+    :class:`CaptureError`. Ordering across streams: ``docs/guide/streams.md``.
     """
 
-    def __init__(self, device: int = 0, *, cache: CompileCache | None = None) -> None:
+    def __init__(self, device: int = 0, *, cache: CompileCache | None = None,
+                 stream: Any = None) -> None:
+        handle = None if stream is None else stream_handle(stream)
         self.device = Device(device)
         self.capabilities: Capabilities = self.device.capabilities
         self.cache = cache if cache is not None else default_cache()
         self._fast = fast_driver()
         self.arch, self.arch_exact = compiler.target_arch(self.capabilities.arch)
-        flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
-        self.stream = Stream(check(driver.cuStreamCreate(flags), "cuStreamCreate"))
+        if handle is None:
+            flags = driver.CUstream_flags.CU_STREAM_NON_BLOCKING
+            self.stream = Stream(check(driver.cuStreamCreate(flags), "cuStreamCreate"))
+        else:
+            self.stream = foreign_stream(handle, self.device.context)
+        self._home = self.stream
+        self._streams = StreamSwitch(self._home, self.device.context)
+        self._began_capture = False
         # (grid, block, shared_mem) -> (CUlaunchConfig address, its ctypes reference)
         self._configs: dict[tuple, tuple[int, Any]] = {}
         self._cu_launch = self._fast.launch_fn
@@ -107,8 +114,12 @@ class CudaRuntime:
             return
         self.device.make_current()
         if self.is_capturing():
+            if not self._began_capture:
+                raise CaptureError("close(): the stream is being captured by its owner (not by "
+                                   "this runtime); end that capture first")
             self.abort_capture()
-        check(driver.cuStreamSynchronize(self.stream.handle), "cuStreamSynchronize")
+        for s in {self.stream.ptr: self.stream, self._home.ptr: self._home}.values():
+            check(driver.cuStreamSynchronize(s.handle), "cuStreamSynchronize")
         leaked = self._ledger.pointers()
         if leaked:
             warnings.warn(f"CudaRuntime.close(): freeing {len(leaked)} live allocation(s) "
@@ -123,7 +134,9 @@ class CudaRuntime:
         self._configs.clear()
         self._functions.clear()
         self._by_module.clear()
-        check(driver.cuStreamDestroy(self.stream.handle), "cuStreamDestroy")
+        self._streams.clear()
+        if self._home.owned:
+            check(driver.cuStreamDestroy(self._home.handle), "cuStreamDestroy")
         self._closed = True
         self.device.release()
 
@@ -141,6 +154,31 @@ class CudaRuntime:
         if self._closed:
             raise ValueError("this CudaRuntime is closed")
         self.device.make_current()
+
+    # -- streams ------------------------------------------------------------------------
+    def set_stream(self, stream: Any = None) -> Stream:
+        """Enqueue every later launch, copy and capture of this runtime on ``stream``.
+
+        ``None`` goes back to the runtime's own (or constructor-bound) stream; a stream set
+        here is not owned. Launch configurations are kept per stream, so switching costs a
+        dictionary swap. The functional API calls this with the caller's current stream.
+
+        Returns
+        -------
+        Stream
+            The stream that was current before the call.
+
+        Raises
+        ------
+        ValueError
+            ``stream`` belongs to another device's context, or the runtime is closed.
+        """
+        handle = self._home.ptr if stream is None else stream_handle(stream)
+        prev = self.stream
+        if handle != prev.ptr:
+            self._live()
+            self.stream = self._streams.switch(handle, prev, self._configs)
+        return prev
 
     # -- capture rules -----------------------------------------------------------------
     def is_capturing(self) -> bool:
@@ -362,12 +400,14 @@ class CudaRuntime:
             raise CaptureError("begin_capture: the stream is already capturing")
         check(driver.cuStreamBeginCapture(self.stream.handle, CAPTURE_MODES[mode]),
               "cuStreamBeginCapture")
+        self._began_capture = True
 
     def end_capture(self) -> Graph:
         """Stop capturing and instantiate the captured work as a :class:`Graph`."""
         self._live()
         if not self.is_capturing():
             raise CaptureError("end_capture: the stream is not capturing")
+        self._began_capture = False
         raw = check(driver.cuStreamEndCapture(self.stream.handle), "cuStreamEndCapture")
         g = Graph(self)
         g._adopt(raw)
@@ -394,6 +434,7 @@ class CudaRuntime:
         except BaseException:
             self.abort_capture()
             raise
+        self._began_capture = False
         raw = check(driver.cuStreamEndCapture(self.stream.handle), "cuStreamEndCapture")
         g._adopt(raw)
 
