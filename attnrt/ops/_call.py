@@ -50,11 +50,12 @@ class _State:
             return e
         e = _Entry(op._plan([None if v is None or v.absent else v.meta for v in views]))
         if len(self.plans) >= MAX_PLANS and not self.rt.is_capturing():
-            for k, old in list(self.plans.items())[: len(self.plans) // 4]:
-                if not old.pinned:
-                    if old.arena is not None:
-                        old.arena.free()
-                    del self.plans[k]
+            # Drop the least recently used quarter; pinned entries stay (a graph uses them).
+            unpinned = [k for k, old in self.plans.items() if not old.pinned]
+            for k in unpinned[: len(self.plans) - MAX_PLANS * 3 // 4]:
+                old = self.plans.pop(k)
+                if old.arena is not None:
+                    old.arena.free()
         self.plans[key] = e
         return e
 

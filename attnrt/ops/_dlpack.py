@@ -119,7 +119,11 @@ def _view(obj: Any, lib: str, stream_ptr: int, cls: type[TensorView]) -> TensorV
         return cls(obj.data_ptr(), dtype, tuple(obj.shape), tuple(obj.stride()), owner=obj)
     if lib == CUPY:
         return _from_cai(obj, cls)
-    v = TensorView.from_array(obj, stream_ptr=stream_ptr)
+    try:
+        v = TensorView.from_array(obj, stream_ptr=stream_ptr)
+    except BufferError as exc:
+        raise TypeError(f"{type(obj).__name__} is not a device tensor (no __dlpack__ or "
+                        f"__cuda_array_interface__): {exc}") from None
     return v if cls is TensorView else cls(v.ptr, v.dtype, v.shape, v.strides, owner=v.owner)
 
 

@@ -57,7 +57,9 @@ def _delete(managed: Any) -> None:
 
 
 _CAPSULE_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_api = ctypes.pythonapi
+# A private handle on the C API: prototypes set on the shared ctypes.pythonapi by other code
+# must not change how these are called.
+_api = ctypes.PyDLL("python api", handle=ctypes.pythonapi._handle)
 _api.PyCapsule_New.restype = ctypes.py_object
 _api.PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, _CAPSULE_DESTRUCTOR]
 _api.PyCapsule_IsValid.restype = ctypes.c_int
