@@ -208,6 +208,14 @@ def test_onnx_node_from_helper_and_bad_input():
         Node.from_onnx({"op_type": "Attention"})
 
 
+def test_onnx_example_runs():
+    pytest.importorskip("onnx")
+    res = subprocess.run([sys.executable, str(ROOT / "examples" / "onnx_single_node.py")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stderr
+    assert "claimed by AttentionFactory" in res.stdout
+
+
 # --------------------------------------------------------------------------- layering
 def test_import_attnrt_does_not_import_ops():
     code = ("import sys, attnrt, attnrt.runtime, attnrt.runtime.executor; "

@@ -123,6 +123,7 @@ class DeviceArray:
             raise BufferError("DeviceArray exports its own device memory only (no copies)")
         if stream is not None and stream != -1 and self.stream_ptr is not None:
             from .streams import wait_stream
+            self.rt._live()  # the event belongs to the current context: make it ours
             wait_stream(int(stream), self.stream_ptr)
         return _dlpack.to_capsule(self.ptr, self.shape, self.dtype,
                                   int(self.rt.capabilities.ordinal), self)
