@@ -1,8 +1,8 @@
 """Two GPUs in one process: one CudaRuntime per device, both running every op at the same
 time from two threads, results checked against the float64 references, one compile cache.
 
-Needs a machine with at least two CUDA devices (the H200 x2 machine); elsewhere it skips
-with the device count.
+Needs a machine with at least two CUDA devices (the H200 x2 machine); elsewhere those tests skip
+with the device count. The stream-bound path also runs on one GPU (two runtimes, two torch streams).
 """
 
 from __future__ import annotations
@@ -132,3 +132,71 @@ extern "C" __global__ void scale_add(float* out, const float* x, float a, int n)
             dx.free()
             do.free()
         extra.close()
+
+
+def _bound_worker(idx: int, rt: attnrt.CudaRuntime, seed: int, barrier: threading.Barrier,
+                  reports: dict[int, dict], errors: list[BaseException]) -> None:
+    try:
+        barrier.wait(timeout=60)
+        reports[idx] = demo.run_demo(_cfg(seed=seed), rt=rt, say=lambda _s: None)
+    except BaseException as exc:  # reported by the main thread
+        errors.append(exc)
+
+
+def _run_bound_pair(rts: list[attnrt.CudaRuntime], seeds: tuple[int, int]) -> dict[int, dict]:
+    barrier = threading.Barrier(2)
+    reports: dict[int, dict] = {}
+    errors: list[BaseException] = []
+    threads = [threading.Thread(target=_bound_worker, args=(i, r, seeds[i], barrier, reports, errors))
+               for i, r in enumerate(rts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not any(t.is_alive() for t in threads), "a worker thread hung"
+    if errors:
+        raise errors[0]
+    for idx, rep in reports.items():
+        assert rep["ok"], (idx, rep["failures"])
+        assert rep["ledger"]["live_bytes"] == 0
+        for phase in ("prefill", "eager", "replay", "caches"):
+            for op, err in rep["max_rel_err"][phase].items():
+                assert np.isfinite(err) and err <= demo.TOL, (idx, phase, op, err)
+    return reports
+
+
+def _bound_runtime(torch, device: int):
+    stream = torch.cuda.Stream(device=device)
+    return stream, attnrt.CudaRuntime(device, stream=stream)
+
+
+def test_runtimes_bound_to_torch_streams_on_two_gpus(rt):
+    """The caller's-stream path on two devices: each runtime runs the whole demo (eager,
+    capture, replay) on a torch stream it does not own, both at once."""
+    torch = pytest.importorskip("torch")
+    n = attnrt.device_count()
+    if n < 2:
+        pytest.skip(f"two-GPU test: this machine has {n} CUDA device(s)")
+    pairs = [_bound_runtime(torch, d) for d in (0, 1)]
+    try:
+        for (stream, r), d in zip(pairs, (0, 1)):
+            assert r.capabilities.ordinal == d and r.stream.ptr == stream.cuda_stream
+        _run_bound_pair([r for _s, r in pairs], seeds=(7, 8))
+    finally:
+        for stream, r in pairs:
+            r.close()
+            stream.synchronize()  # still a valid torch stream after close(): not ours to destroy
+
+
+def test_two_runtimes_bound_to_two_torch_streams_on_one_gpu(rt):
+    """What one GPU allows of the stream-bound two-device test: two runtimes on device 0,
+    each bound to its own torch stream, running the demo concurrently."""
+    torch = pytest.importorskip("torch")
+    pairs = [_bound_runtime(torch, 0) for _ in range(2)]
+    try:
+        assert pairs[0][1].stream.ptr != pairs[1][1].stream.ptr
+        _run_bound_pair([r for _s, r in pairs], seeds=(21, 22))
+    finally:
+        for stream, r in pairs:
+            r.close()
+            stream.synchronize()
