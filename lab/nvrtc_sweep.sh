@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# tools/nvrtc_sweep.sh OUTDIR VERSION...: every kernel variant compiled under other NVRTC
+# lab/nvrtc_sweep.sh OUTDIR VERSION...: every kernel variant compiled under other NVRTC
 # versions, each checked for ptxas's performance advisories (`attnrt warm --strict`).
 #
 # ptxas's "Potential Performance Loss" advisories (e.g. C7511, every wgmma serialised) depend
 # on the NVRTC version: one IndexShare build was clean under 13.5 and serialised under 13.0
-# (benchmarks/NOTES.md, IndexShare rounds 15-16). This compiles the whole variant set for
+# (docs/notes/index_share-history.md, rounds 15-16). This compiles the whole variant set for
 # sm_90 and sm_80 under each given version of the `nvidia-cuda-nvrtc` wheel (downloaded with
 # pip into OUTDIR; needs a package index), by loading its libnvrtc with LD_PRELOAD, with a
 # fresh compile cache per version. No GPU is needed.
 #
-#   tools/nvrtc_sweep.sh /tmp/sweep 13.0.88 13.2.86
+#   lab/nvrtc_sweep.sh /tmp/sweep 13.0.88 13.2.86
 #
 # Files in OUTDIR: warm-<version>.log per version, sweep.md (version, variants, failures,
 # advisories, exit status). Exit status: 0 when every version compiled every variant without
 # an advisory, 1 otherwise.
 set -uo pipefail
-OUT=${1:?usage: tools/nvrtc_sweep.sh OUTDIR VERSION...}
+OUT=${1:?usage: lab/nvrtc_sweep.sh OUTDIR VERSION...}
 shift
-[ $# -gt 0 ] || { echo "usage: tools/nvrtc_sweep.sh OUTDIR VERSION..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: lab/nvrtc_sweep.sh OUTDIR VERSION..." >&2; exit 2; }
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Device time per replay of a one-kernel graph, by kernel shape (GPU needed).
 
-Run: ``python tools/graph_gap.py [--spin-us US ...] [--json PATH]``. One kernel that spins
+Run: ``python lab/graph_gap.py [--spin-us US ...] [--json PATH]``. One kernel that spins
 for a set time (``clock64``) is captured alone in a graph, in each of the shapes the
 IndexShare decode kernel has or lacks: 128 CTAs of 384 threads, with or without 226 KB of
 dynamic shared memory, two-CTA clusters and programmatic dependent launch, plus a 1-CTA

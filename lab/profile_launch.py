@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where the host time of one ``rt.launch`` goes: each foreign-call route timed (GPU needed).
 
-Run: ``python tools/profile_launch.py [--rounds R] [--n N] [--json PATH]``. Every variant
+Run: ``python lab/profile_launch.py [--rounds R] [--n N] [--json PATH]``. Every variant
 launches the same empty kernel on a non-blocking stream; variants are timed in interleaved
 rounds (R rounds x N calls each, the order rotated per round) and the median per-call time
 of each is printed, so drift of the host's clock or load hits all variants alike.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Attention decode routes on the GPU: ``python tools/sweep_attention_decode.py [--out FILE]``.
+"""Attention decode routes on the GPU: ``python lab/sweep_attention_decode.py [--out FILE]``.
 
 Compares the decode routes on bf16, D 128, H 32 / Hkv 8, Sq 1 (the bench rows are B 8 at Sk
 1k / 8k / 32k; with the memory merge B 8, B 4 and B 16 give the decode kernel 4, 8 and 2

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The read floor of attention decode: ``python tools/read_floor.py [--out FILE.md]``
+"""The read floor of attention decode: ``python lab/read_floor.py [--out FILE.md]``
 
 The attention decode rows of ``tools/bench.py attention`` are judged as a fraction of the
 copy bandwidth (``rt.dtod`` of 2 GiB). At short caches that ceiling is out of reach for any
@@ -8,7 +8,7 @@ copy spreads over 500 us. This tool measures what a kernel that only *reads* the
 reaches, timed exactly like the decode rows: the bench's shapes (B 8, H 32/8, D 128, bf16;
 Sk 1k, 8k, 32k), its byte count (Q + O + K + V), input sets rotated so they exceed L2, one
 call per graph replay and 8 calls in one graph. The kernel is ``read_seq`` of
-``tools/gather_ceiling.py`` (16-byte non-coherent loads, grid-stride, folded into one word
+``lab/gather_ceiling.py`` (16-byte non-coherent loads, grid-stride, folded into one word
 per thread), best over grids of 2, 4, 8 and 16 CTAs per SM.
 """
 

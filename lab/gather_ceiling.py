@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How fast can this GPU gather IndexShare's selected rows? ``python tools/gather_ceiling.py``
+"""How fast can this GPU gather IndexShare's selected rows? ``python lab/gather_ceiling.py``
 
 The IndexShare decode target is a fraction of the copy bandwidth, but the kernel reads
 2048 scattered 256-byte K rows and V rows per batch, not one sequential stream. This tool

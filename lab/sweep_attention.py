@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Attention paths on the GPU: ``python tools/sweep_attention.py [--out DIR] [--impls ...]``.
+"""Attention paths on the GPU: ``python lab/sweep_attention.py [--out DIR] [--impls ...]``.
 
 Compares ``path="fused"`` (the mma.sync kernel ``tc``), ``path="wg"`` (the sm_90a wgmma
 kernel, compute capability 9.0 only) in each main-loop schedule of attention_wg.cu

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sweep PagedAttention (LATENT / MLA) decode variants on one GPU; prints one table last.
 
-    PYTHONPATH=. python tools/sweep_paged.py [--quick] [--reps 25] [--out DIR]
+    PYTHONPATH=. python lab/sweep_paged.py [--quick] [--reps 25] [--out DIR]
 
 The mma.sync variants and the wgmma (sm_90a) variants run in two child processes, one after
 the other, so that a device fault in one family cannot poison the other's CUDA context; the

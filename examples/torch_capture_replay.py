@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Embedding attnrt in an executor that owns torch tensors: wrap, run, capture, replay.
 
-    python tools/capture_replay.py [--steps N] [--seed S]
+    python examples/torch_capture_replay.py [--steps N] [--seed S]
 
 Needs a CUDA GPU and torch with CUDA. Exit status: 0 clean; 1 a mismatch (an output, the
 cache, the latch or the ledger); 2 this machine cannot run it (no GPU, no torch).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sweep IndexShare plans on the GPU: ``python tools/sweep_index_share.py [--quick] [--out DIR]``.
+"""Sweep IndexShare plans on the GPU: ``python lab/sweep_index_share.py [--quick] [--out DIR]``.
 
 For every benchmark shape of ``tools/bench_index_share.py`` (the issue's rows: top-k 2048,
 H 128, bf16, N 64/128, decode B 64 / prefill Sq 4096, caches 8k/64k) and every plan

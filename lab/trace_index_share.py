@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trace and A/B the IndexShare decode kernel on the GPU: ``python tools/trace_index_share.py``.
+"""Trace and A/B the IndexShare decode kernel on the GPU: ``python lab/trace_index_share.py``.
 
 For the benchmark's decode rows (``tools/bench_index_share.py``: B 64, Sq 1, one kv head,
 H 128, top-k 2048, bf16; a case is written ``n<heads>c<cache in k>``, e.g. ``n128c8k``) and

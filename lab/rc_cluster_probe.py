@@ -3,7 +3,7 @@
 distributed-shared-memory stores? A two-CTA probe (GPU with clusters, sm_90, needed).
 
 Run: ``compute-sanitizer --tool racecheck --racecheck-report all python
-tools/rc_cluster_probe.py MODE``, one mode per run (several modes in one process pool their
+lab/rc_cluster_probe.py MODE``, one mode per run (several modes in one process pool their
 hazards into one report; without the sanitizer it only checks the outputs). In every mode
 each thread t of both CTAs first writes 16 bytes of its CTA's shared buffer (row t); then
 each thread t of rank 1 stores row t of rank 0's buffer through distributed shared memory
@@ -21,7 +21,7 @@ probe checks. Modes:
 - ``4`` half the threads copy, completing on an mbarrier (``cp.async.mbarrier.arrive.noinc``)
   that the other half waits on; then the cluster barrier (the ring's own protocol).
 
-On the H200 (racecheck 2025.3.1, NOTES IndexShare round 22) every cp.async mode, 0, 3 and 4
+On the H200 (racecheck 2025.3.1, docs/notes/index_share-history.md, round 22) every cp.async mode, 0, 3 and 4
 as much as the racy 2, reported write-after-write hazards "invalid memcpy_async
 synchronization", and mode 1 none: the tool does not carry a cp.async's completion across
 a cluster barrier, so its report on ``IS_CMDS`` says nothing about that kernel's order.
