@@ -1,4 +1,5 @@
-"""``attnrt demo`` on the GPU (in process and through the CLI) and ``tools/capture_replay.py``."""
+"""``attnrt demo`` on the GPU (in process and through the CLI) and
+``examples/torch_capture_replay.py``."""
 
 from __future__ import annotations
 
@@ -53,6 +54,6 @@ def test_capture_replay_script():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA")
-    res = _run([str(ROOT / "tools" / "capture_replay.py"), "--steps", "5"])
+    res = _run([str(ROOT / "examples" / "torch_capture_replay.py"), "--steps", "5"])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "capture_replay: OK" in res.stdout and "replay 5" in res.stdout

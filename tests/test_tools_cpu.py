@@ -1,4 +1,5 @@
-"""The measurement tools import and parse their arguments on a machine without a GPU."""
+"""The benchmark tools (tools/) and the lab scripts (lab/) import and parse their arguments on a
+machine without a GPU."""
 
 from __future__ import annotations
 
@@ -14,16 +15,18 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("tool, words", [("read_floor.py", "read floor of attention decode"),
-                                         ("bench_spread.py", "spread of repeated bench.py runs"),
-                                         ("gather_ceiling.py", "gather IndexShare"),
-                                         ("trace_index_share.py", "decode cluster kernel"),
-                                         ("graph_gap.py", "one-kernel graph, by kernel shape"),
-                                         ("rc_cluster_probe.py", "follow cp.async copies"),
-                                         ("plan_snapshot.py", "IndexShare's plan for a grid"),
-                                         ("bench.py", "back-to-back calls before each timed")])
+@pytest.mark.parametrize("tool, words", [
+    pytest.param("lab/read_floor.py", "read floor of attention decode", marks=pytest.mark.slow),
+    ("tools/bench_spread.py", "spread of repeated bench.py runs"),
+    pytest.param("lab/gather_ceiling.py", "gather IndexShare", marks=pytest.mark.slow),
+    pytest.param("lab/trace_index_share.py", "decode cluster kernel", marks=pytest.mark.slow),
+    pytest.param("lab/graph_gap.py", "one-kernel graph, by kernel shape", marks=pytest.mark.slow),
+    pytest.param("lab/rc_cluster_probe.py", "follow cp.async copies", marks=pytest.mark.slow),
+    ("tools/plan_snapshot.py", "IndexShare's plan for a grid"),
+    ("tools/bench.py", "back-to-back calls before each timed"),
+    ("tools/readme_numbers.py", "headline table")])
 def test_tool_help(tool: str, words: str) -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / tool), "--help"],
+    r = subprocess.run([sys.executable, str(ROOT / tool), "--help"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert words in " ".join(r.stdout.split()), r.stdout
@@ -61,15 +64,16 @@ def test_plan_snapshot_quick(tmp_path: Path) -> None:
     assert len(b) == len(a) and b != a
 
 
+@pytest.mark.slow
 def test_graph_gap_refuses_bad_spin() -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "graph_gap.py"), "--spin-us", "5",
+    r = subprocess.run([sys.executable, str(ROOT / "lab" / "graph_gap.py"), "--spin-us", "5",
                         "inf"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "numbers in [0, 100000]" in r.stderr, r.stderr
 
 
 def test_graph_gap_kernel_compiles() -> None:
     """Every shape graph_gap.py launches compiles for sm_90 (clusters, griddepcontrol)."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     from graph_gap import SRC
 
     from attnrt.runtime.compiler import compile_source
@@ -83,10 +87,11 @@ def test_graph_gap_kernel_compiles() -> None:
             assert (".reqnctapercluster" in ptx) == bool(cl)
 
 
+@pytest.mark.slow
 def test_rc_cluster_probe_compiles() -> None:
     """The racecheck probe's two-CTA kernel compiles for sm_90 with a cluster shape, every
     mode's instructions present; a mode outside 0-4 is refused before any device work."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     from rc_cluster_probe import SRC
 
     from attnrt.runtime.compiler import compile_source
@@ -97,14 +102,14 @@ def test_rc_cluster_probe_compiles() -> None:
     for op in ("cp.async.wait_group", "cp.async.mbarrier.arrive.noinc", "st.shared::cluster",
                "barrier.cluster.arrive.release", "bar.sync"):
         assert op in ptx, op
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "rc_cluster_probe.py"), "5"],
+    r = subprocess.run([sys.executable, str(ROOT / "lab" / "rc_cluster_probe.py"), "5"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "invalid choice" in r.stderr, r.stderr
 
 
 def test_read_floor_kernel_compiles() -> None:
     """The kernel read_floor.py launches (gather_ceiling's read_seq) compiles for sm_80/90."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     from gather_ceiling import SRC
 
     from attnrt.runtime.compiler import compile_source
@@ -116,7 +121,7 @@ def test_read_floor_kernel_compiles() -> None:
 
 def test_trace_index_share_specs() -> None:
     """Cases and variant specs parse as documented; a bad one is refused with its reason."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     from trace_index_share import parse_case, parse_variant
 
     assert parse_case("n128c8k") == dict(kind="decode", b=64, sq=1, n=128, nkv=1, cache=8192)
@@ -139,6 +144,7 @@ def test_trace_index_share_specs() -> None:
     assert not parse_variant("x:DIS_DIAG=0").timing_only and not v.timing_only
 
 
+@pytest.mark.slow
 def test_trace_index_share_cps_hook() -> None:
     """``cps=`` re-splits the decode cluster plan (split 0 takes cps keys, shared memory
     re-sized for them) and refuses a split that is not whole tiles, is below half of top-k
@@ -147,7 +153,7 @@ def test_trace_index_share_cps_hook() -> None:
     import importlib
     from types import SimpleNamespace
 
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     sys.path.insert(0, str(ROOT / "tests"))
     from test_index_share_cpu import _geom
 
@@ -193,6 +199,7 @@ def _ws_bf16_hd128_builds() -> tuple[list, object, object]:
     return clusters, cluster, plain
 
 
+@pytest.mark.slow
 def test_trace_build_compiles() -> None:
     """The IS_TRACE builds the tool asks for compile (cluster builds, sm_90a) with their
     wgmmas kept asynchronous and stamp %globaltimer and %clock64 (and %smid once); the shipped
@@ -265,6 +272,7 @@ def test_cluster_merge_partials_path() -> None:
                        _common.headers(), cubin=False)
 
 
+@pytest.mark.slow
 def test_trace_diag_builds() -> None:
     """The kernel's timing-only diagnostics the trace tool documents (IS_DIAG, cluster builds):
     1 drops every wgmma and the merge's distributed-shared-memory stores, 2 halves the
@@ -451,7 +459,7 @@ def test_trace_stats_medians_and_timer_step() -> None:
     the partners' loop-end skew and the timer's step (stamps on a 256 ns grid)."""
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     from trace_index_share import PHASES, _stats
 
     reps = []
@@ -476,7 +484,7 @@ def test_trace_sm_clock() -> None:
     one stamp or less than 5 us between their stamps are left out."""
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     from trace_index_share import PHASES, _sm_clock
 
     n = len(PHASES)
@@ -500,7 +508,7 @@ def test_trace_smid_and_latest_sms() -> None:
     CTA ran on."""
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     from trace_index_share import PHASES, SMID_SHIFT, SMID_STAMP, _late_sms, _sm_clock, _split_smid
 
     n = len(PHASES)
@@ -635,7 +643,7 @@ def test_trace_dump_npz_and_json(tmp_path: Path) -> None:
     """--dump writes the same integer arrays as .npz or, for a .json name, as nested lists."""
     import numpy as np
 
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "lab"))
     from trace_index_share import write_dump
 
     rng = np.random.default_rng(7)
@@ -662,9 +670,10 @@ def test_bench_markdown_names_the_board() -> None:
         dict(res, gpu_uuid="GPU-1"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("opt, value", [("--trace-warm-ms", "-1"), ("--state-ms", "inf")])
 def test_trace_refuses_bad_ms(opt: str, value: str) -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "trace_index_share.py"), opt, value],
+    r = subprocess.run([sys.executable, str(ROOT / "lab" / "trace_index_share.py"), opt, value],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"{opt}: must be a finite number >= 0" in r.stderr, r.stderr
 
@@ -754,3 +763,91 @@ def test_bench_index_share_batch_plans() -> None:
         assert (old.knobs["ws"], old.splits) == ((1, 1) if c["n"] == 128 and c["b"] != 160
                                                  else (1, 2) if c["n"] == 128 else (0, old.splits))
         assert (new.variant == old.variant) == (c["n"] == 128 and c["b"] != 160), c
+
+
+def _readme_numbers():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import readme_numbers
+
+    return readme_numbers
+
+
+def test_readme_numbers_check_and_write(tmp_path: Path) -> None:
+    """--check passes on the committed README and fails on a stale copy (one changed digit
+    in the block, or a result that moved); --write fixes the copy and leaves the text outside
+    the markers alone; a README without markers or a missing result file is refused."""
+    rn = _readme_numbers()
+    tool = [sys.executable, str(ROOT / "tools" / "readme_numbers.py")]
+    r = subprocess.run([*tool, "--check"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text = (ROOT / "README.md").read_text()
+    head, rest = text.split(rn.BEGIN)
+    block, tail = rest.split(rn.END)
+    assert "| 24.5 us (2743 GB/s) |" in block  # IndexShare N64 cache 8k at 6b274ec
+
+    readme = tmp_path / "README.md"
+    readme.write_text(head + rn.BEGIN + block.replace("24.5 us", "24.6 us") + rn.END + tail)
+    r = subprocess.run([*tool, "--check", "--readme", str(readme)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "out of date" in r.stderr, r.stderr
+    r = subprocess.run([*tool, "--write", "--readme", str(readme)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and readme.read_text() == text, r.stderr
+
+    # A new run in latest/ changes the block: ours 10 % faster on one IndexShare row.
+    latest = tmp_path / "latest"
+    latest.mkdir()
+    for f in (ROOT / "benchmarks" / "latest").glob("*.json"):
+        (latest / f.name).write_text(f.read_text())
+    res = json.loads((latest / "index_share.json").read_text())
+    for row in res["rows"]:
+        if row["case"].startswith("bf16 decode B64 Sq1 N64 Nkv1 H128 cache8k top2048 (") \
+                and row["metric"] == "1/ms":
+            row["ours"] = 44.0
+    (latest / "index_share.json").write_text(json.dumps(res))
+    args = ["--readme", str(readme), "--latest", str(latest)]
+    r = subprocess.run([*tool, "--check", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert subprocess.run([*tool, "--write", *args], timeout=120).returncode == 0
+    new = readme.read_text()
+    assert new.split(rn.BEGIN)[0] == head and new.split(rn.END)[1] == tail
+    assert "| 22.7 us (2743 GB/s) |" in new and "24.5 us" not in new.split(rn.END)[0]
+
+    (latest / "runtime.json").unlink()
+    r = subprocess.run([*tool, "--check", *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "runtime.json is missing" in r.stderr, r.stderr
+    with pytest.raises(ValueError, match="numbers:begin"):
+        rn.replace_block("no markers here\n", "x\n")
+    with pytest.raises(ValueError, match="numbers:begin"):
+        rn.replace_block(f"{rn.END}\n{rn.BEGIN}\n", "x\n")
+
+
+def test_readme_numbers_formats() -> None:
+    """Rates per call show as times in their unit; a headline whose row is gone is named."""
+    rn = _readme_numbers()
+    assert rn.show(40.876, "1/ms") == "24.5 us"
+    assert rn.show(0.92, "1/ms") == "1.09 ms"
+    assert rn.show(0.097, "1/s") == "10.3 s"
+    assert rn.show(57.148, "1/s") == "17.5 ms"
+    assert rn.show(1470.631, "GB/s") == "1471 GB/s" and rn.show(61.669, "TFLOP/s") == "61.7 TFLOP/s"
+    h = rn.Headline("attention", "x", "bf16 D7 B1 H1 S3 causal=0", "TFLOP/s", ())
+    with pytest.raises(LookupError, match="attention.json has no row 'bf16 D7"):
+        rn.headline_row(h, [])
+
+
+def test_bench_writes_one_result_per_op(tmp_path: Path) -> None:
+    """bench.py's per-op files: rows grouped by benchmark under their op's file name (paged
+    -> paged_attention), each with the run's commit, board and ceilings, in row order."""
+    bench = _bench_module()
+    rows = [bench.row(b, f"c{i}", "GB/s", 1.0 + i, "p", 2.0)
+            for i, b in enumerate(["runtime", "paged", "index_share", "paged"])]
+    run = {"commit": "c", "gpu": "G", "gpu_uuid": "GPU-1", "date": "d",
+           "ceilings": {"copy_GBps": 3.0}, "rows": rows}
+    parts = bench.split_by_bench(run)
+    assert list(parts) == ["runtime", "paged_attention", "index_share"]
+    assert [r["case"] for r in parts["paged_attention"]["rows"]] == ["c1", "c3"]
+    assert all(p["commit"] == "c" and p["ceilings"] == {"copy_GBps": 3.0} for p in parts.values())
+    md = bench.write_result(parts["index_share"], tmp_path / "latest", "index_share")
+    assert json.loads((tmp_path / "latest" / "index_share.json").read_text()) == parts["index_share"]
+    assert (tmp_path / "latest" / "index_share.md").read_text() == md and "| index_share | c2 |" in md
+    assert bench.LATEST == ROOT / "benchmarks" / "latest"

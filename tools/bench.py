@@ -2,10 +2,13 @@
 """attnrt benchmarks: ``python tools/bench.py [runtime|attention|paged|index_share|all] [--out DIR]``.
 
 Every run measures its own ceilings (device-to-device copy bandwidth; a bf16 GEMM through
-torch when importable) and its peers in the same process, then writes
-``<out>/<gpu>-<date>.json`` (the shape in ../shared/GPU.md), a markdown table beside it,
-and PNG plots when matplotlib is importable. Each ``tools/bench_<name>.py`` module has
-``run(ctx) -> list[dict]``.
+torch when importable) and its peers in the same process, then writes one result per
+benchmark, ``<out>/<op>.json`` (``runtime``, ``attention``, ``paged_attention``,
+``index_share``, ``index_share_batch``; by default into ``benchmarks/latest/``, the files
+the README's numbers are generated from by ``tools/readme_numbers.py``), a markdown table
+beside each, and PNG plots when matplotlib is importable. ``--name NAME`` writes the whole
+run as ``<out>/NAME.json`` instead (and the per-op files only where ``--latest`` says).
+Each ``tools/bench_<name>.py`` module has ``run(ctx) -> list[dict]``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import importlib
 import json
 import math
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -36,6 +38,37 @@ import attnrt  # noqa: E402
 from attnrt.runtime._check import check, driver  # noqa: E402
 
 BENCHES = ("runtime", "attention", "paged", "index_share", "index_share_batch")
+
+#: Where new results go by default: one file set per benchmark, named by :func:`op_file`.
+LATEST = ROOT / "benchmarks" / "latest"
+
+#: A benchmark's file name in ``benchmarks/latest/`` where it differs from the op's name.
+_OP_FILES = {"paged": "paged_attention"}
+
+
+def op_file(bench: str) -> str:
+    """The base name of a benchmark's result files in ``benchmarks/latest/``."""
+    return _OP_FILES.get(bench, bench)
+
+
+def split_by_bench(result: dict) -> dict[str, dict]:
+    """One result per benchmark: the run's fields with only that benchmark's rows, keyed by
+    :func:`op_file` of its name, in the order the rows came."""
+    out: dict[str, dict] = {}
+    for r in result["rows"]:
+        out.setdefault(op_file(r["bench"]), {**result, "rows": []})["rows"].append(r)
+    return out
+
+
+def write_result(result: dict, out: Path, base: str) -> str:
+    """Write ``base.json``, ``base.md`` and (with matplotlib) ``base.png`` into ``out``;
+    return the markdown."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{base}.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = markdown(result)
+    (out / f"{base}.md").write_text(md)
+    plot(result, out / f"{base}.png")
+    return md
 
 #: Milliseconds of back-to-back calls before each timed series (``--warm-ms``), as
 #: ``triton.testing.do_bench``'s default warm-up (25 ms).
@@ -217,9 +250,9 @@ class BenchContext:
         A case's set-up (inputs, compiling, capturing) leaves the device idle, and after only
         a few warm-up calls the first timed samples of a call of some microseconds read up to
         ~2 us slow (H200, IndexShare decode; nvidia-smi's 50 ms samples show the SM clock at
-        its maximum throughout, so whatever state it is lies below that resolution: NOTES,
-        IndexShare round 12). Calls go in chunks (1, 2, 4, ... 256 calls, a sync after each)
-        until ``ms`` has passed.
+        its maximum throughout, so whatever state it is lies below that resolution:
+        docs/notes/index_share-history.md, round 12). Calls go in chunks (1, 2, 4, ... 256
+        calls, a sync after each) until ``ms`` has passed.
         """
         ms = self.warm_ms if ms is None else ms
         t0 = time.perf_counter()
@@ -438,9 +471,16 @@ def _nonneg_ms(value: str | float) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("which", nargs="*", default=["all"], help=f"{', '.join(BENCHES)} or all")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks"), help="output directory")
+    ap.add_argument("--out", default=str(LATEST),
+                    help="output directory (default benchmarks/latest): one <op>.json/.md/.png "
+                         "per benchmark, or the whole run as NAME.* with --name")
     ap.add_argument("--quick", action="store_true", help="smaller sizes (smoke test)")
-    ap.add_argument("--name", default=None, help="base name of the result files")
+    ap.add_argument("--name", default=None,
+                    help="write the whole run as NAME.json/.md/.png in --out (and the per-op "
+                         "files only into --latest)")
+    ap.add_argument("--latest", metavar="DIR", default=None,
+                    help="directory for the per-op files (default: --out without --name, "
+                         "none with it)")
     ap.add_argument("--warm-ms", type=_nonneg_ms, default=WARM_MS,
                     help="milliseconds of back-to-back calls before each timed series "
                          f"(default {WARM_MS:g}; 0: only the few warm-up calls)")
@@ -463,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    latest = Path(args.latest) if args.latest else (None if args.name else out)
     with attnrt.CudaRuntime(0) as rt:
         ctx = BenchContext(rt, quick=args.quick, warm_ms=args.warm_ms, state_ms=args.state_ms)
         ctx.measure_ceilings()
@@ -478,18 +519,19 @@ def main(argv: list[str] | None = None) -> int:
             rows += got
             ctx.log(f"{w}: {len(got)} rows in {time.perf_counter() - t0:.1f} s")
         gpu = rt.capabilities.name
-        # Which board: the same kernel's ratios move 1-4 % between H200s (NOTES, IndexShare
+        # Which board: the same kernel's ratios move 1-4 % between H200s (docs/notes/index_share-history.md,
         # rounds 16-18); tools/bench_spread.py --by-gpu groups runs by this.
         board = ctx.gpu_uuid()
     date = _dt.date.today().isoformat()
     result = {"commit": _git_commit(), "gpu": gpu, "gpu_uuid": board, "date": date,
               "ceilings": ctx.ceilings, "rows": rows}
-    base = args.name or f"{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-')}-{date}"
-    (out / f"{base}.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(result)
-    (out / f"{base}.md").write_text(md)
-    plot(result, out / f"{base}.png")
-    print(md)
+    if args.name:
+        print(write_result(result, out, args.name))
+    if latest is not None:
+        for base, part in split_by_bench(result).items():
+            md = write_result(part, latest, base)
+            if not args.name:
+                print(md)
     failed = failed_rows(rows)
     for r in failed:  # the files keep them too; the exit status tells gpu_check.sh
         print(f"bench: {r['bench']} {r['case']}: {r['peer']}: {r.get('error', '')[:300]}",

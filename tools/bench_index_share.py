@@ -12,7 +12,7 @@ ceiling measured in the same run. The peers are torch on the same inputs: a gath
 selected K/V rows, then ``scaled_dot_product_attention`` (index tensors built outside the
 timed region), with the gather written two ways (``PEERS``): ``index_select`` on the
 flattened cache (as fast as any eager gather we measured: at the decode rows 15-20 % faster
-than advanced indexing, at prefill 4-8 %; NOTES, IndexShare round 24), the speed row's first
+than advanced indexing, at prefill 4-8 %; docs/notes/index_share-history.md, round 24), the speed row's first
 peer, and advanced indexing (``kc[b_idx, idx]``, the only peer before commit ``b889e86``),
 kept as a second row so that new runs still compare with the earlier ones. Both peers give
 the same bits; each row records whether they did (``peers_bitwise_equal``). Decode rows are also timed as
@@ -40,7 +40,7 @@ def cases(quick: bool) -> list[dict[str, Any]]:
 
     Decode rows time microsecond calls from an idle device; right after a prefill row
     (whose torch peer runs ~0.3 s at full power) one decode row's single-call time read
-    27.1 us against 24.8-25.7 us elsewhere in the same process (H200, NOTES IndexShare
+    27.1 us against 24.8-25.7 us elsewhere in the same process (H200, docs/notes/index_share-history.md,
     round 10), so prefill rows go last.
     """
     ns = (64,) if quick else (64, 128)

@@ -3,7 +3,7 @@
 The issue's decode rows are B 64 (``bench_index_share``). A model served at batch 1-32 runs
 the same call with fewer rows, where the cost is no longer the gathered bytes (1 MB per row
 at top-k 2048) but how many SMs share a row's keys and how their partials are merged
-(NOTES, IndexShare round 20); past 66 rows (one wave of two-CTA clusters on 132 SMs) the
+(docs/notes/index_share-history.md, round 20); past 66 rows (one wave of two-CTA clusters on 132 SMs) the
 persistent build takes several items per CTA, where a split item's partials cost about as
 much as its gathers (round 21). Rows: decode, top-k 2048, H 128, bf16, one kv head, cache
 8k, N in {64, 128}, B in {1, 2, 4, 8, 16, 32, 96, 160, 264} (``--quick``: N 64, B 1 and 8).

@@ -2,16 +2,18 @@
 """The spread of repeated benchmark runs: ``python tools/bench_spread.py RUN.json ... [--md OUT]``.
 
 A row's ratio to its peer moves between runs of ``tools/bench.py`` on one machine (H200,
-IndexShare decode: 1-8 % between two runs 20 minutes apart, NOTES round 14), so a target
-near a row's ratio is judged on several runs. This reads result files of ``bench.py`` and,
-per (bench, case, metric) present in every file, prints the median, min and max of ours,
+IndexShare decode: 1-8 % between two runs 20 minutes apart,
+docs/notes/index_share-history.md, round 14), so a target near a row's ratio is judged on
+several runs. This reads result files of ``bench.py`` and, per (bench, case, metric)
+present in every file, prints the median, min and max of ours,
 of the peer's value and of the ratio, and how many runs met ``--target`` (a ratio), if
 given.
 
 The same kernel's ratios also move with the board (IndexShare decode: up to ~4 % between
-H200s, NOTES rounds 16-18). ``--group NAME FILE...`` (repeatable) or ``--by-gpu`` (the
-``gpu_uuid`` that ``bench.py`` records) print one column per group instead: each row's
-median ratio per group (and how many of its runs met the target), then over every run.
+H200s, docs/notes/index_share-history.md, rounds 16-18). ``--group NAME FILE...``
+(repeatable) or ``--by-gpu`` (the ``gpu_uuid`` that ``bench.py`` records) print one
+column per group instead: each row's median ratio per group (and how many of its runs met
+the target), then over every run.
 """
 
 from __future__ import annotations

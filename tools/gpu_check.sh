@@ -2,8 +2,11 @@
 # GPU CI entry point: tools/gpu_check.sh OUTDIR
 #
 # Compiles every kernel variant (`attnrt warm --strict`), runs the GPU tests (pytest -m gpu,
-# junit XML + log), then the benchmarks, and writes everything flat into OUTDIR:
-# doctor.txt, warm.log, pytest-gpu.log, junit-gpu.xml, bench.json, bench.md, bench.png.
+# junit XML + log), then the benchmarks, and writes everything into OUTDIR:
+# doctor.txt, warm.log, pytest-gpu.log, junit-gpu.xml, bench.log, bench.json, bench.md,
+# bench.png (the whole run) and latest/<op>.{json,md,png} (one file set per benchmark, the
+# layout of benchmarks/latest/: copy them there to publish a run, then
+# `python tools/readme_numbers.py --write`).
 # Prints a short table last. Exit status: pytest's, else warm's, else bench's.
 #
 # Environment:
@@ -40,8 +43,8 @@ test_rc=${PIPESTATUS[0]}
 bench_rc=0
 if [ "${ATTNRT_BENCH:-all}" != "none" ]; then
   # shellcheck disable=SC2086
-  python3 tools/bench.py ${ATTNRT_BENCH:-all} --out "$OUT" --name bench ${ATTNRT_BENCH_ARGS:-} \
-    > "$OUT/bench.log" 2>&1
+  python3 tools/bench.py ${ATTNRT_BENCH:-all} --out "$OUT" --name bench --latest "$OUT/latest" \
+    ${ATTNRT_BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
   bench_rc=$?
   tail -n 60 "$OUT/bench.log"
 fi

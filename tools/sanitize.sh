@@ -10,6 +10,7 @@
 # Files in OUTDIR: warm.log, <tool>.log (sanitizer + pytest output), <tool>.xml (junit),
 # <tool>.result (one summary row; re-running some tools into the same OUTDIR keeps the
 # others' rows), sanitize.md.
+# The runs so far, and what they found: docs/notes/sanitize.md.
 #
 # Environment:
 #   NXRT_SANITIZE_TOOLS    tools to run (default: "memcheck racecheck initcheck synccheck")
@@ -97,8 +98,8 @@ or test_chained_calls_in_one_graph"
 # IndexShare merge (ws-cluster8, IS_CMDS) runs in a run of its own with racecheck's
 # asynchronous-copy checks off (IS_K_RACE_NOASYNC): its partners store into rings that
 # cp.async filled, ordered by the copies' wait and a cluster barrier, which racecheck does not
-# follow (it reports such hazards for any kernel that does this: tools/rc_cluster_probe.py,
-# NOTES IndexShare round 22). That run checks every other hazard class (plain and
+# follow (it reports such hazards for any kernel that does this: lab/rc_cluster_probe.py,
+# docs/notes/index_share-history.md, round 22). That run checks every other hazard class (plain and
 # distributed shared-memory accesses against each other), but no longer the ring's cp.async
 # protocol of that build; the two-CTA (ws-cluster) and four-CTA cases check it.
 DEC_K="(test_cluster_merge_equals_memory_merge and (B16H32 or k60D128 or q4k1000 or q3k300 \
