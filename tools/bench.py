@@ -467,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = BenchContext(rt, quick=args.quick, warm_ms=args.warm_ms, state_ms=args.state_ms)
         ctx.measure_ceilings()
         rows: list[dict] = []
+        sections: list[str] = []  # a module's own table (markdown_section), after the common one
         for w in which:
             t0 = time.perf_counter()
             mod = importlib.import_module(f"bench_{w}")
@@ -476,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.log(f"{w}: FAILED: {type(exc).__name__}: {exc}")
                 got = [row(w, "error", "error", 0, type(exc).__name__, None, error=str(exc))]
             rows += got
+            if hasattr(mod, "markdown_section"):
+                sections.append(mod.markdown_section(got, ctx.ceilings))
             ctx.log(f"{w}: {len(got)} rows in {time.perf_counter() - t0:.1f} s")
         gpu = rt.capabilities.name
         # Which board: the same kernel's ratios move 1-4 % between H200s (NOTES, IndexShare
@@ -486,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
               "ceilings": ctx.ceilings, "rows": rows}
     base = args.name or f"{re.sub(r'[^A-Za-z0-9]+', '-', gpu).strip('-')}-{date}"
     (out / f"{base}.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(result)
+    md = markdown(result) + "".join("\n" + s for s in sections)
     (out / f"{base}.md").write_text(md)
     plot(result, out / f"{base}.png")
     print(md)
