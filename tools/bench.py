@@ -60,12 +60,12 @@ def split_by_bench(result: dict) -> dict[str, dict]:
     return out
 
 
-def write_result(result: dict, out: Path, base: str) -> str:
-    """Write ``base.json``, ``base.md`` and (with matplotlib) ``base.png`` into ``out``;
-    return the markdown."""
+def write_result(result: dict, out: Path, base: str, extra: str = "") -> str:
+    """Write ``base.json``, ``base.md`` (the table, then ``extra``) and (with matplotlib)
+    ``base.png`` into ``out``; return the markdown."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{base}.json").write_text(json.dumps(result, indent=1) + "\n")
-    md = markdown(result)
+    md = markdown(result) + extra
     (out / f"{base}.md").write_text(md)
     plot(result, out / f"{base}.png")
     return md
@@ -508,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx = BenchContext(rt, quick=args.quick, warm_ms=args.warm_ms, state_ms=args.state_ms)
         ctx.measure_ceilings()
         rows: list[dict] = []
+        sections: dict[str, str] = {}  # a module's own table (markdown_section), by op file
         for w in which:
             t0 = time.perf_counter()
             mod = importlib.import_module(f"bench_{w}")
@@ -517,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                 ctx.log(f"{w}: FAILED: {type(exc).__name__}: {exc}")
                 got = [row(w, "error", "error", 0, type(exc).__name__, None, error=str(exc))]
             rows += got
+            if hasattr(mod, "markdown_section"):
+                sections[op_file(w)] = mod.markdown_section(got, ctx.ceilings)
             ctx.log(f"{w}: {len(got)} rows in {time.perf_counter() - t0:.1f} s")
         gpu = rt.capabilities.name
         # Which board: the same kernel's ratios move 1-4 % between H200s (docs/notes/index_share-history.md,
@@ -526,10 +529,10 @@ def main(argv: list[str] | None = None) -> int:
     result = {"commit": _git_commit(), "gpu": gpu, "gpu_uuid": board, "date": date,
               "ceilings": ctx.ceilings, "rows": rows}
     if args.name:
-        print(write_result(result, out, args.name))
+        print(write_result(result, out, args.name, "".join("\n" + x for x in sections.values())))
     if latest is not None:
         for base, part in split_by_bench(result).items():
-            md = write_result(part, latest, base)
+            md = write_result(part, latest, base, "\n" + sections[base] if base in sections else "")
             if not args.name:
                 print(md)
     failed = failed_rows(rows)
