@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from bench import BenchContext, row
 
-from attnrt.ops.paged_attention import PagedAttentionFactory
+from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory
 from attnrt.runtime.api import DataType, Node, TensorView, WorkspaceView
 from attnrt.runtime.tensors import DeviceArray
 
@@ -74,7 +74,7 @@ class _Case:
                           "v_head_size": VHS, "scale": SCALE},
                          ["q", "k", None, "kc", None, "cu", "past", "bt", None, None, "slot"],
                          ["out"])
-        self.kernel = PagedAttentionFactory(rt, path=path).create(self.node, [])
+        self.kernel = PagedAttentionFactory(rt, config=PagedAttentionConfig(path=path)).create(self.node, [])
         req = self.kernel.workspace_requirement(self.views())
         self.ws = DeviceArray(rt, (req.nbytes,), np.uint8) if req.nbytes else None
         self.graph: Any = None
