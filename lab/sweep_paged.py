@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import attnrt  # noqa: E402
 from attnrt.ops import reference  # noqa: E402
-from attnrt.ops.paged_attention import PagedAttentionFactory  # noqa: E402
+from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory  # noqa: E402
 from attnrt.runtime._check import check, driver  # noqa: E402
 from attnrt.runtime.api import Node, TensorView, WorkspaceView  # noqa: E402
 from attnrt.runtime.tensors import DeviceArray  # noqa: E402
@@ -154,7 +154,7 @@ def check_variant(rt: attnrt.CudaRuntime, kw: dict) -> tuple[bool, str]:
     worst, notes = 0.0, []
     for name, case_kw in CHECKS.items():
         c = make_case(np.random.default_rng(11), **{**MLA, **case_kw})
-        kernel = PagedAttentionFactory(rt, **kw).create(c.node, [])
+        kernel = PagedAttentionFactory(rt, config=PagedAttentionConfig(**kw)).create(c.node, [])
         bufs = {i: DeviceArray.from_numpy(rt, x) for i, x in enumerate(c.inputs[:16])
                 if x is not None}
         out = DeviceArray(rt, (c.T, c.H * c.vhs), c.dtype)
@@ -184,7 +184,7 @@ def check_variant(rt: attnrt.CudaRuntime, kw: dict) -> tuple[bool, str]:
 def time_variant(rt: attnrt.CudaRuntime, timer: Timer, sets: list[DecodeSet], kw: dict,
                  reps: int, phases: tuple[str, ...] = ()) -> list[dict]:
     """Graph-replay time of the whole op (and of single phases) rotating over ``sets``."""
-    kernel = PagedAttentionFactory(rt, **kw).create(decode_node(), [])
+    kernel = PagedAttentionFactory(rt, config=PagedAttentionConfig(**kw)).create(decode_node(), [])
     req = kernel.workspace_requirement(sets[0].views())
     ws = DeviceArray(rt, (req.nbytes,), np.uint8) if req.nbytes else None
     wsv = WorkspaceView(ws.ptr, ws.nbytes) if ws is not None else None

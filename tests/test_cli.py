@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from attnrt.app.cli import main
 from attnrt.app import cli
+from attnrt.app.cli import main
 from attnrt.runtime import compiler
 from attnrt.runtime.cache import FORMAT_VERSION, CompileCache
 from attnrt.runtime.errors import PerformanceWarning

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import attnrt
-from attnrt.app.cli import main as cli_main
 from attnrt.app import demo
+from attnrt.app.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = demo.DemoConfig(layers=2, steps=1, prompts=(19, 6), heads=4, sparse_heads=8, topk=8)

@@ -30,8 +30,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnrt.ops import paged_attention as pa
-from attnrt.ops.paged_attention import PagedAttentionFactory
+from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory
+from attnrt.ops.paged_attention import schema as pa
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, Unsupported
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
@@ -181,7 +181,7 @@ def _absent(t: Any) -> bool:
 def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
     stage = "create"
     try:
-        fac = PagedAttentionFactory(rt, **case.kw)
+        fac = PagedAttentionFactory(rt, config=PagedAttentionConfig(**case.kw))
         kern = fac.create(case.node, [None if _absent(t) else t.shape for t in case.inputs[:16]])
         stage = "workspace"
         req = kern.workspace_requirement(case.inputs)
@@ -567,7 +567,8 @@ class TestDevice:
             stack.callback(out.free)
             out.fill_bytes(0xFF)
             outs = [out.mut()] + ([bufs[pa.IN_KEY_CACHE].mut()] if s.cache_out else [])
-            kern = PagedAttentionFactory(rt, path=s.path, num_splits=s.num_splits).create(
+            cfg = PagedAttentionConfig(path=s.path, num_splits=s.num_splits)
+            kern = PagedAttentionFactory(rt, config=cfg).create(
                 node, [v.shape if not _absent(v) else None for v in views[:16]])
             req = kern.workspace_requirement(views)
             ws = None

@@ -31,7 +31,7 @@ import pytest
 from attnrt.ops import reference
 from attnrt.ops.attention import AttentionFactory
 from attnrt.ops.index_share import IndexShareFactory
-from attnrt.ops.paged_attention import PagedAttentionFactory
+from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory
 from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.tensors import DeviceArray
 from tests._util import TOL, rel_fro
@@ -168,7 +168,8 @@ def test_paged_cache_past_2_32_elements(rt, ledger, rng):
                  for i in range(16)]
         out = mem.array(np.zeros((c.T, c.H * c.vhs), BF16.numpy))
         for path, splits in (("auto", None), ("mla", 3), ("simple", None)):
-            kern = PagedAttentionFactory(rt, path=path, num_splits=splits).create(
+            cfg = PagedAttentionConfig(path=path, num_splits=splits)
+            kern = PagedAttentionFactory(rt, config=cfg).create(
                 c.node, [v.shape if not v.absent else None for v in views])
             ws = mem.workspace(kern, views)
             out.fill_bytes(0xFF)

@@ -8,6 +8,7 @@ tests import it.
 from __future__ import annotations
 
 import math
+import pickle
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -17,7 +18,8 @@ import pytest
 
 from attnrt.ops import _common, factory_class, reference
 from attnrt.ops import paged_attention as pa
-from attnrt.ops.paged_attention import PagedAttentionFactory, PagedAttentionKernel
+from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory, PagedAttentionKernel
+from attnrt.ops.paged_attention import schema as ps
 from attnrt.runtime import compiler
 from attnrt.runtime.api import DataType, Node, TensorMetadata, WorkspaceRequirement
 from attnrt.runtime.errors import KernelError, Unsupported
@@ -40,7 +42,7 @@ def make_node(H: int, *, vhs: int = 0, scale: float | None = None, rope: str | N
         attrs.update(do_rotary=1, rotary_interleaved=int(rope == "interleaved"),
                      rotary_offset=offset)
     attrs.update(extra)
-    names = [pa.INPUT_NAMES[i] if i in pa.REQUIRED or (rope and i in (pa.IN_COS, pa.IN_SIN))
+    names = [ps.INPUT_NAMES[i] if i in ps.REQUIRED or (rope and i in (ps.IN_COS, ps.IN_SIN))
              else None for i in range(n_inputs)]
     return Node("PagedAttention", "com.microsoft", attrs, names, ["output", None])
 
@@ -174,7 +176,7 @@ DECLINED = [
     ("separate", _attr(kv_cache_layout="SEPARATE"), None, 'kv_cache_layout="SEPARATE"'),
     ("no-layout", lambda n: n.attributes.pop("kv_cache_layout"), None, "kv_cache_layout"),
     ("kv-heads", _attr(kv_num_heads=2), None, "kv_num_heads"),
-    *[(f"quant-{a}", _attr(**{a: "int8"}), None, a) for a in pa.QUANT_ATTRS],
+    *[(f"quant-{a}", _attr(**{a: "int8"}), None, a) for a in ps.QUANT_ATTRS],
     ("value", _with_input(2), None, "'value'"),
     ("value-cache", _with_input(4), None, "'value_cache'"),
     ("head-sink", _with_input(11), None, "head_sink"),
@@ -208,14 +210,18 @@ def test_declined_modes_name_themselves(mutate, dtypes, needle):
 
 def test_factory_argument_checks():
     with pytest.raises(ValueError):
-        PagedAttentionFactory(path="fast")
+        PagedAttentionConfig(path="fast")
     with pytest.raises(ValueError):
-        PagedAttentionFactory(num_splits=0)
+        PagedAttentionConfig(num_splits=0)
+    with pytest.raises(ValueError):
+        PagedAttentionConfig(mla_tiles=(48,))
+    assert PagedAttentionFactory(config=PagedAttentionConfig(path="mla")).create(
+        make_node(4), []).config.path == "mla"
 
 
 # --------------------------------------------------------------------------- validation
 def _kernel(c: SimpleNamespace, **kw) -> PagedAttentionKernel:
-    return PagedAttentionFactory(None, **kw).create(c.node, [])
+    return PagedAttentionFactory(None, config=PagedAttentionConfig(**kw)).create(c.node, [])
 
 
 def _set(i: int, dtype=None, shape=None):
@@ -344,7 +350,8 @@ def _decode_metas(B: int, L: int, H: int = 128, bs: int = 64, dtype=BF16) -> lis
 
 def _mla_kernel(H: int = 128, **kw) -> PagedAttentionKernel:
     kw.setdefault("path", "mla")  # these tests plan the mma.sync kernel; auto is tested below
-    return PagedAttentionKernel(None, make_node(H, vhs=512, scale=0.07), **kw)
+    return PagedAttentionKernel(None, make_node(H, vhs=512, scale=0.07),
+                                config=PagedAttentionConfig(**kw))
 
 
 def test_plan_auto_takes_the_wgmma_kernel_on_compute_capability_9_0():
@@ -361,7 +368,7 @@ def test_plan_decode_large_batch_does_not_split():
 def test_plan_decode_small_batch_splits_and_sizes_workspace():
     k = _mla_kernel()
     p = k.plan(_decode_metas(1, 8192))
-    assert p.path == "mla" and p.grid_x == 2 and 32 <= p.splits <= pa.MAX_SPLITS
+    assert p.path == "mla" and p.grid_x == 2 and 32 <= p.splits <= PagedAttentionConfig().max_splits
     assert p.grid_x * p.splits <= 132  # one wave
     lse_off, total = pa.workspace_layout(128, 512, p.splits)
     assert (p.ws_lse_offset, p.ws_bytes) == (lse_off, total)
@@ -394,7 +401,8 @@ def test_plan_paths():
     a100 = _mla_kernel(path="auto")
     a100._caps = lambda: SimpleNamespace(sm_count=108, max_shared_per_block_optin=166912)
     assert a100.plan(_decode_metas(2, 100)).block_n == 32
-    small = PagedAttentionKernel(None, make_node(4, vhs=64, scale=0.1), path="mla")
+    small = PagedAttentionKernel(None, make_node(4, vhs=64, scale=0.1),
+                                 config=PagedAttentionConfig(path="mla"))
     c = make_case(np.random.default_rng(0), H=4)
     with pytest.raises(KernelError, match="path='mla'"):
         small.plan(metas(c))
@@ -418,9 +426,45 @@ def test_choose_splits():
     assert 2 * s <= 132 and s >= 32
     assert pa.choose_splits(2, 16, 132, 128) < pa.choose_splits(2, 512, 132, 128)
     assert pa.choose_splits(2, 1, 132, 128) == 1
-    for path in pa.SPLIT_COST:  # the wgmma path's cheaper tiles never split a full grid
+    for path in ("mla", "wg"):  # the wgmma path's cheaper tiles never split a full grid
         assert pa.choose_splits(256, 128, 132, 16384, path=path) == 1
         assert 2 * pa.choose_splits(2, 128, 132, 128, path=path) <= 132
+
+
+def test_config_knobs_steer_the_planner():
+    """Each PagedAttentionConfig field changes the plan it should, and nothing else does."""
+    metas1 = _decode_metas(1, 8192)
+    base = _mla_kernel().plan(metas1)
+    assert base.splits > 4
+    assert _mla_kernel(max_splits=4).plan(metas1).splits == 4
+    assert _mla_kernel(mla_tiles=(32,)).plan(metas1).block_n == 32
+    # Cheap tiles make splitting pay less; a slow combine read or launch even less.
+    cheap = pa.SplitCost(0.5, 3.0, 1.0)
+    assert 1 < _mla_kernel(mla_cost=cheap).plan(metas1).splits < base.splits
+    assert 1 < _mla_kernel(combine_bytes_per_us=3e3).plan(metas1).splits < base.splits
+    assert _mla_kernel(combine_launch_us=1000.0).plan(metas1).splits == 1
+    # The wgmma cost model only steers the wgmma path.
+    assert _mla_kernel(wg_cost=cheap).plan(metas1) == base
+    assert _mla_kernel(path="wg", wg_cost=cheap).plan(metas1).splits < \
+        _mla_kernel(path="wg").plan(metas1).splits
+    cfg = PagedAttentionConfig(path="wg", num_splits=7)
+    assert pickle.loads(pickle.dumps(cfg)) == cfg and hash(cfg) == hash(PagedAttentionConfig(
+        path="wg", num_splits=7))
+    assert PagedAttentionKernel(None, make_node(128, vhs=512, scale=0.07),
+                                config=cfg).plan(metas1).splits == 7
+
+
+def test_reference_math_is_independent_of_the_kernel_modules():
+    import ast
+    import inspect
+
+    from attnrt.ops.paged_attention import reference as ref_mod
+
+    tree = ast.parse(inspect.getsource(ref_mod))
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom | ast.Import)
+             for a in n.names} | {n.module or "" for n in ast.walk(tree)
+                                  if isinstance(n, ast.ImportFrom)}
+    assert not {"plan", "builds", "kernel"} & {x.rsplit(".", 1)[-1] for x in names}, names
 
 
 def test_plan_wgmma_path():
@@ -438,7 +482,8 @@ def test_plan_wgmma_path():
         a100.plan(_decode_metas(2, 100))
     with pytest.raises(KernelError, match="path='wg'"):
         k.plan(_decode_metas(2, 100), aligned=False)
-    small = PagedAttentionKernel(None, make_node(4, vhs=64, scale=0.1), path="wg")
+    small = PagedAttentionKernel(None, make_node(4, vhs=64, scale=0.1),
+                                 config=PagedAttentionConfig(path="wg"))
     with pytest.raises(KernelError, match="path='wg'"):
         small.plan(metas(make_case(np.random.default_rng(0), H=4)))
 

@@ -12,7 +12,11 @@ import numpy as np
 import pytest
 
 from attnrt.ops import reference
-from attnrt.ops.paged_attention import PAGED_POSITION_OUT_OF_RANGE, PagedAttentionFactory
+from attnrt.ops.paged_attention import (
+    PAGED_POSITION_OUT_OF_RANGE,
+    PagedAttentionConfig,
+    PagedAttentionFactory,
+)
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError
 from attnrt.runtime.latch import PAGED_BLOCK_OUT_OF_RANGE, PAGED_SLOT_OUT_OF_RANGE
@@ -29,7 +33,8 @@ class Bound:
     def __init__(self, rt, c, *, path="auto", num_splits=None, meta=None, cache_out=False,
                  workspace=True):
         self.rt, self.c, self.meta = rt, c, meta
-        self.kernel = PagedAttentionFactory(rt, path=path, num_splits=num_splits).create(
+        cfg = PagedAttentionConfig(path=path, num_splits=num_splits)
+        self.kernel = PagedAttentionFactory(rt, config=cfg).create(
             c.node, [None if x is None else x.shape for x in c.inputs[:16]])
         self.bufs = {i: DeviceArray.from_numpy(rt, x) for i, x in enumerate(c.inputs[:16])
                      if x is not None}

@@ -55,7 +55,7 @@ from _paged_grid import (
 from bench import BenchContext, row
 
 from attnrt.ops import reference
-from attnrt.ops.paged_attention import PagedAttentionFactory
+from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory
 from attnrt.runtime.api import Node, TensorMut, TensorView, WorkspaceView
 
 __all__ = ["run", "markdown_section"]
@@ -157,7 +157,8 @@ class _Rig:
                          {"kv_cache_layout": "LATENT", "num_heads": s.H, "kv_num_heads": 1,
                           "v_head_size": VHS, "scale": SCALE},
                          ["q", "k", None, "kc", None, "cu", "past", "bt", None, None, "slot"], ["out"])
-        self.kernel = PagedAttentionFactory(rt, path=_op_path()).create(self.node, [])
+        config = PagedAttentionConfig(path=_op_path())
+        self.kernel = PagedAttentionFactory(rt, config=config).create(self.node, [])
         fixed = {1: TensorView.from_array(self.key), 3: TensorView.from_array(pool),
                  5: TensorView.from_array(dev(self.cu)), 6: TensorView.from_array(dev(self.past))}
 

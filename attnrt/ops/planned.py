@@ -33,7 +33,7 @@ from attnrt.runtime.errors import Unsupported
 from . import _dlpack
 from .attention import AttentionFactory
 from .index_share import IndexShareFactory
-from .paged_attention import PagedAttentionFactory
+from .paged_attention import PagedAttentionConfig, PagedAttentionFactory
 
 __all__ = ["OpPlan", "Attention", "PagedAttention", "IndexShare"]
 
@@ -187,8 +187,9 @@ class PagedAttention(_PlannedOp):
         As :class:`Attention` (``scale`` is required when ``v_head_size != head_size``).
     rotary, rotary_interleaved, rotary_offset
         Partial RoPE from ``cos``/``sin`` tables on channels ``[offset, offset + rotary_dim)``.
-    path
-        ``"auto"`` or a forced path (see :mod:`attnrt.ops.paged_attention`).
+    config
+        The planner's knobs (:class:`~attnrt.ops.paged_attention.PagedAttentionConfig`; the
+        default picks the path and split count from the shapes).
 
     Raises
     ------
@@ -199,7 +200,7 @@ class PagedAttention(_PlannedOp):
     def __init__(self, rt: Any, *, num_heads: int, v_head_size: int = 0, scale: float | None = None,
                  softcap: float = 0.0, window: int = -1, rotary: bool = False,
                  rotary_interleaved: bool = False, rotary_offset: int = 0,
-                 path: str = "auto") -> None:
+                 config: PagedAttentionConfig | None = None) -> None:
         attrs: dict[str, Any] = {
             "num_heads": num_heads, "kv_num_heads": 1, "kv_cache_layout": "LATENT",
             "v_head_size": v_head_size, "softcap": float(softcap), "local_window_size": window,
@@ -212,7 +213,7 @@ class PagedAttention(_PlannedOp):
             if rotary or name not in ("cos", "sin"):
                 inputs[i] = name
         node = Node("PagedAttention", "com.microsoft", attrs, inputs, ["output"])
-        super().__init__(rt, node, PagedAttentionFactory(rt, path=path))
+        super().__init__(rt, node, PagedAttentionFactory(rt, config=config))
 
     @staticmethod
     def _slots(values: dict[str, Any]) -> list[Any]:

@@ -26,7 +26,7 @@ def attention(node: Node, inputs: Sequence[np.ndarray | None], **kw: Any) -> np.
 
 def paged_attention(node: Node, inputs: Sequence[np.ndarray | None], **kw: Any) -> list[np.ndarray]:
     """``com.microsoft::PagedAttention`` (LATENT): returns ``[output, key_cache]``."""
-    from ._ref_paged import paged_attention as impl
+    from .paged_attention.reference import paged_attention as impl
 
     return impl(node, inputs, **kw)
 

@@ -1,10 +1,11 @@
 """float64 numpy reference for ``com.microsoft::PagedAttention`` (LATENT): the test oracle.
 
-Written from the op's equations (see :mod:`attnrt.ops.paged_attention`), independently of
-the CUDA: the write phase scatters each new key row (partial RoPE at its position, rounded
-to the cache dtype) into a copy of ``key_cache``; the read phase runs causal attention of
-every (token, head) over the cached keys ``j <= p`` through ``block_table``, with V the
-leading ``v_head_size`` channels of the same rows. Inputs are never modified.
+Written from the op's equations (``docs/notes/paged_attention.md#semantics``), independently
+of the kernels and their planner: the write phase scatters each new key row (partial RoPE at
+its position, rounded to the cache dtype) into a copy of ``key_cache``; the read phase runs
+causal attention of every (token, head) over the cached keys ``j <= p`` through
+``block_table``, with V the leading ``v_head_size`` channels of the same rows. Inputs are
+never modified.
 """
 
 from __future__ import annotations
