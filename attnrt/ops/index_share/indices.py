@@ -94,6 +94,16 @@ def find_index_violation(indices: np.ndarray, bounds: Sequence[int] | np.ndarray
         The exclusive upper bound per batch (or one int for all).
     chunk_elems
         Rows are checked in chunks of about this many entries (bounded memory).
+
+    Returns
+    -------
+    IndexViolation or None
+        The first broken rule in (batch, head, query, column) order.
+
+    Raises
+    ------
+    ValueError
+        ``indices`` is not rank 4.
     """
     idx = np.asarray(indices)
     if idx.ndim != 4:
