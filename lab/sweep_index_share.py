@@ -191,15 +191,14 @@ def plan_text(p: dict[str, Any]) -> str:
             f"{p['merge']} g{p['grid']} {p['smem'] // 1024}K")
 
 
-def split_path(knobs: dict | None) -> tuple[str | None, dict | None]:
-    """A variant's (path_override, plan_override): "path" is not a plan knob."""
-    if not knobs:
-        return None, knobs
-    rest = dict(knobs)
-    path = rest.pop("path", None)
-    if path is None and any(k in rest for k in ("wm", "wn", "pipe")):
-        path = "mma"  # mma.sync layout knobs: the wgmma default would ignore them
-    return path, rest
+def config_for(knobs: dict | None) -> Any:
+    """A variant's ``IndexShareConfig`` (its knobs, "path" included, are the config's fields)."""
+    from attnrt.ops.index_share import IndexShareConfig
+
+    rest = dict(knobs or {})
+    if rest.get("path") is None and any(k in rest for k in ("wm", "wn", "pipe")):
+        rest["path"] = "mma"  # mma.sync layout knobs: the wgmma default would ignore them
+    return IndexShareConfig(**rest)
 
 
 # ---------------------------------------------------------------------------------------
@@ -230,7 +229,8 @@ class Worker:
     def ceiling(self) -> dict[str, Any]:
         import numpy as np
 
-        from attnrt.ops import _common, index_share
+        from attnrt.ops import _common
+        from attnrt.ops.index_share import builds
         from attnrt.runtime.api import DataType
 
         rt = self.rt
@@ -241,7 +241,7 @@ class Worker:
         finally:
             rt.free_raw(src)
             rt.free_raw(dst)
-        fn = _common.get_function(rt, index_share._aux_variant(DataType.BFLOAT16), "is_combine")
+        fn = _common.get_function(rt, builds._aux_variant(DataType.BFLOAT16), "is_combine")
         args = [0, 0, 0, np.int64(0), np.int32(1), np.int32(128), np.int32(1), np.int32(1)]
         rt.launch(fn, 1, 256, args)
         rt.synchronize()
@@ -287,7 +287,7 @@ class Worker:
         views = [a.view() for a in arrs]
         y = DeviceArray(self.rt, q.shape, DataType.BFLOAT16)
         kern = index_share.IndexShareFactory(self.rt).create(node)
-        kern.path_override, kern.plan_override = split_path(knobs)
+        kern.config = config_for(knobs)
         graph = None
         try:
             outs = []
@@ -345,7 +345,7 @@ class Worker:
         torch = self.torch
         sets = self._inputs(c)
         kern = index_share.IndexShareFactory(self.rt).create(bis.node_for(c))
-        kern.path_override, kern.plan_override = split_path(knobs)
+        kern.config = config_for(knobs)
         graphs: list = []
         try:
             graphs.extend(bis.capture(self.rt, kern, s) for s in sets)
@@ -431,21 +431,22 @@ def precompile(target: str) -> float:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from attnrt.ops import _index_share_builds, index_share
+    from attnrt.ops import index_share
+    from attnrt.ops.index_share import builds
     from attnrt.runtime.api import DataType
 
     t0 = time.perf_counter()
-    jobs = [(index_share._aux_variant(DataType.BFLOAT16).file,
-             index_share._aux_variant(DataType.BFLOAT16).options, target)]
+    jobs = [(builds._aux_variant(DataType.BFLOAT16).file,
+             builds._aux_variant(DataType.BFLOAT16).options, target)]
     for wm, wn in index_share.MMA_LAYOUTS:
         for pipe in index_share.MMA_PIPES:
-            v = _index_share_builds._mma_variant(DataType.BFLOAT16, 128, wm, wn, pipe)
+            v = builds._mma_variant(DataType.BFLOAT16, 128, wm, wn, pipe)
             jobs.append((v.file, v.options, target))
     if target.startswith("sm_90"):
         for wgs, mrows in index_share.WG_LAYOUTS:
             for ov in (0, 1):
                 for qr in (0, 1) if (wgs, mrows) == index_share.WG_QREG_LAYOUT else (0,):
-                    v = _index_share_builds._wg_variant(DataType.BFLOAT16, 128, wgs, mrows, ov, qr)
+                    v = builds._wg_variant(DataType.BFLOAT16, 128, wgs, mrows, ov, qr)
                     jobs.append((v.file, v.options, "sm_90a"))
     try:
         with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1),

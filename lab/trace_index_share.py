@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import re
 import sys
@@ -151,37 +150,35 @@ class _Hooks:
     the trace buffer as ``part_o`` and the programmatic flag of the attention launch."""
 
     def __init__(self, rt: Any) -> None:
-        from attnrt.ops import _common, _index_share_plan, index_share
+        from attnrt.ops import _common
+        from attnrt.ops.index_share import builds, kernel, splitk
 
         self.defines: dict[str, str] = {}
         self.src: str | None = None
         self.trace_ptr = 0
         self.pdl = True
         self.cps: int | None = None
-        orig_variant, orig_get, orig_launch = (_index_share_plan._ws_variant, _common.get_function,
+        orig_variant, orig_get, orig_launch = (splitk._ws_variant, _common.get_function,
                                                rt.launch)
-        orig_plan = index_share._plan
+        orig_plan = kernel.make_plan
 
-        def plan(g: Any, *a: Any, **k: Any) -> Any:
-            p = orig_plan(g, *a, **k)
+        def plan(g: Any, device: Any, **k: Any) -> Any:
+            p = orig_plan(g, device, **k)
             if self.cps is None:
                 return p
             if p.merge != "cluster" or p.splits != 2:
                 raise ValueError(f"cps={self.cps}: applies to the two-CTA decode cluster plan; "
                                  f"this plan merges {p.merge!r} over {p.splits} splits")
-            kt = p.knobs.get("kt") or _index_share_plan._WS_KT
+            kt = p.knobs.get("kt") or builds._WS_KT
             # Two splits: split 0 takes cps columns, split 1 the other width - cps (the
             # kernel gives a split at most cps columns, so cps below half would drop keys).
             if self.cps % kt or not g.width <= 2 * self.cps < 2 * g.width:
                 raise ValueError(f"cps={self.cps}: must be a multiple of the {kt}-key tile, "
                                  f"at least half of top-k {g.width} and below it")
-            smem = _index_share_plan._ws_smem(g.head_size, self.cps, 0, 1, kt)
-            bound = inspect.signature(orig_plan).bind(g, *a, **k)
-            bound.apply_defaults()
-            if smem > bound.arguments["smem_max"]:
+            smem = builds._ws_smem(g.head_size, self.cps, 0, 1, kt)
+            if smem > device.smem_max:
                 raise ValueError(f"cps={self.cps}: the cluster build would need {smem} bytes "
-                                 f"of shared memory; the device allows "
-                                 f"{bound.arguments['smem_max']}")
+                                 f"of shared memory; the device allows {device.smem_max}")
             return dataclasses.replace(p, cps=self.cps, smem=smem)
 
         def ws_variant(*a: Any, **k: Any) -> Any:
@@ -211,8 +208,8 @@ class _Hooks:
                     kw["programmatic"] = False
             orig_launch(fn, grid, block, args, shared_mem, **kw)
 
-        _index_share_plan._ws_variant = ws_variant  # (the planner builds its variants)
-        index_share._plan = plan
+        splitk._ws_variant = ws_variant  # (the planner builds its variants there)
+        kernel.make_plan = plan
         _common.get_function = get_function
         rt.launch = launch
 
@@ -327,7 +324,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         hooks.defines, hooks.src, hooks.pdl, hooks.cps = (spec.defines, spec.src, spec.pdl,
                                                            spec.cps)
         kern = index_share.IndexShareFactory(rt).create(B.node_for(c))
-        kern.plan_override = dict(spec.knobs) or None
+        kern.config = index_share.IndexShareConfig(**spec.knobs)
         bufs = [torch.zeros(rt.capabilities.sm_count * 2 * STAMPS, dtype=torch.int64,
                             device="cuda") for _ in sets] if spec.trace else []
         graphs: list = []

@@ -33,8 +33,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnrt.ops._ref_index_share import SelectedIndicesError, capacity_valid_lengths
-from attnrt.ops.index_share import IndexShareFactory, _max_head_size
+from attnrt.ops.index_share import (
+    IndexShareConfig,
+    IndexShareFactory,
+    SelectedIndicesError,
+    capacity_valid_lengths,
+)
+from attnrt.ops.index_share.schema import _max_head_size
 from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, Unsupported
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
@@ -212,9 +217,8 @@ def _absent(t: Any) -> bool:
 def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
     stage, kern = "create", None
     try:
-        kern = IndexShareFactory(rt).create(case.node, [None if _absent(t) else t.shape
-                                                        for t in case.inputs])
-        kern.path_override = case.path
+        kern = IndexShareFactory(rt, IndexShareConfig(path=case.path)).create(
+            case.node, [None if _absent(t) else t.shape for t in case.inputs])
         stage = "workspace"
         req = kern.workspace_requirement([None if _absent(t) else t.meta for t in case.inputs])
         ws = None
@@ -574,8 +578,7 @@ class TestDevice:
         want = reference.index_share(node, host, present=s.mode)
         before = rt.memory_stats().live_bytes
         launches = rt.launch_count
-        kern = IndexShareFactory(rt).create(node)
-        kern.path_override = s.path
+        kern = IndexShareFactory(rt, IndexShareConfig(path=s.path)).create(node)
         with ExitStack() as stack:
             stack.callback(kern.close)
 

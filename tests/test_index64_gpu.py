@@ -22,6 +22,7 @@ Memory peaks at about 18 GB (IndexShare); everything is freed (the ledger return
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import ExitStack
 from typing import Any
 
@@ -231,7 +232,7 @@ def test_index_share_past_cache_past_2_32_elements(rt, ledger, rng):
         kern = IndexShareFactory(rt).create(node)
         mem.callback(kern.close)
         for path in (None, "simt"):
-            kern.path_override = path
+            kern.config = dataclasses.replace(kern.config, path=path)
             ws = mem.workspace(kern, [t.meta for t in views])
             y.fill_bytes(0xFF)
             kern.execute(views, [y.mut()], ws)

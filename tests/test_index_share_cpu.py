@@ -7,6 +7,7 @@ through a host emulation (g++, fibers per thread) behind a fake runtime, so the 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import math
 import shutil
@@ -22,12 +23,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attnrt.ops import _index_share_plan as isp
 from attnrt.ops import factory_class, index_share, reference
-from attnrt.ops._ref_index_share import (
+from attnrt.ops.index_share import (
+    DeviceLimits,
+    IndexShareConfig,
     SelectedIndicesError,
+    builds,
     capacity_valid_lengths,
     find_index_violation,
+    make_plan,
+    splitk,
 )
 from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import CaptureError, KernelError
@@ -567,7 +572,7 @@ def run_emu(rt, nd, ins, mode, path=None, kernel=None, ws=None):
     for o in outs:
         o.poison()
     k = kernel or index_share.IndexShareFactory(rt).create(nd)
-    k.path_override = path
+    k.config = dataclasses.replace(k.config, path=path)
     k.execute(views, [o.mut() for o in outs], ws)
     res = [o.numpy() for o in outs]
     return res, k, arrs + outs
@@ -711,7 +716,7 @@ def test_emulated_mma_ring_and_split_merge(emu, rng, knobs):
     nd = node(n, 1)
     want = reference.index_share(nd, ins)[0]
     kern = index_share.IndexShareFactory(emu).create(nd)
-    kern.plan_override = knobs
+    kern.config = IndexShareConfig(**knobs)
     outs, kern, arrs = run_emu(emu, nd, ins, "none", "mma", kernel=kern)
     plan = kern.last_plan
     assert (plan.path, plan.stages, plan.splits) == ("mma", knobs["stages"], knobs["splits"])
@@ -719,13 +724,13 @@ def test_emulated_mma_ring_and_split_merge(emu, rng, knobs):
     assert rel_fro(outs[0], want) < TOL[DataType.from_numpy(dt)], (plan, rel_fro(outs[0], want))
     if plan.splits > 1:
         assert plan.merge == "last"
-        kern.plan_override = dict(knobs, merge="kernel")
+        kern.config = IndexShareConfig(path="mma", **dict(knobs, merge="kernel"))
         again, _, arrs2 = run_emu(emu, nd, ins, "none", "mma", kernel=kern)
         assert kern.last_plan.merge == "kernel"
         assert np.array_equal(again[0].view(np.uint16), outs[0].view(np.uint16))
         _free(arrs2)
         # A caller's workspace full of junk: its split counters are cleared per call.
-        kern.plan_override = knobs
+        kern.config = IndexShareConfig(path="mma", **knobs)
         metas = [a.view().meta if a is not None else TensorView.absent_slot() for a in arrs[:7]]
         req = kern.workspace_requirement(metas)
         ws = HostArray(emu, np.full(req.nbytes, 0xFF, dtype=np.uint8))
@@ -778,9 +783,8 @@ def test_emulated_capture_validation_matches_host_rules(emu, rng):
         arrs = [None if a is None else HostArray(emu, a) for a in ins]
         views = [a.view() if a else TensorView.absent_slot() for a in arrs]
         y = HostArray(emu, np.zeros(ins[0].shape, dtype=dt))
-        kern = index_share.IndexShareFactory(emu).create(nd)
-        kern.path_override = path
-        kern.plan_override = {"splits": 4}  # 64-column splits: boundaries at 64, 128, ...
+        # 64-column splits: boundaries at 64, 128, ...
+        kern = index_share.IndexShareFactory(emu, IndexShareConfig(path=path, splits=4)).create(nd)
         kern.execute(views, [y.mut()])
         assert kern.last_plan.splits == 4 and kern.last_plan.cps == 64
         emu.begin_capture()
@@ -818,7 +822,7 @@ def test_emulated_mma_pipes_bitwise_equal(emu, rng, layout, bias):
     got = {}
     for pipe in (1, 2):
         kern = index_share.IndexShareFactory(emu).create(nd)
-        kern.plan_override = {"wm": wm, "wn": wn, "stages": 3, "splits": 2, "pipe": pipe}
+        kern.config = IndexShareConfig(wm=wm, wn=wn, stages=3, splits=2, pipe=pipe)
         outs, kern, arrs = run_emu(emu, nd, ins, "none", "mma", kernel=kern)
         assert kern.last_plan.knobs["pipe"] == pipe
         assert rel_fro(outs[0], want) < TOL[DataType.from_numpy(dt)]
@@ -834,7 +838,7 @@ def test_emulated_mma_pipes_bitwise_equal(emu, rng, layout, bias):
 
 def _geom(n: int, nkv: int = 1, b: int = 64, sq: int = 1, k: int = 2048, h: int = 128,
           dt: DataType = DataType.BFLOAT16, hi: int = 1, idt: DataType = DataType.INT32):
-    from attnrt.ops._ref_index_share import parse_attributes, resolve_geometry
+    from attnrt.ops.index_share import parse_attributes, resolve_geometry
 
     past = 8191
     shapes = [(b, n, sq, h), (b, nkv, sq, h), (b, nkv, sq, h), (b, nkv, past, h),
@@ -843,15 +847,25 @@ def _geom(n: int, nkv: int = 1, b: int = 64, sq: int = 1, k: int = 2048, h: int 
     return resolve_geometry(parse_attributes(node(n, nkv)), shapes, dts, "none")
 
 
+def _plan(g, sm_count: int = 132, aligned16: bool = True, path: str | None = None,
+          capacity: bool = False, *, knobs: dict | None = None, wg_arch: bool = False,
+          smem_max: int = 227 * 1024):
+    """``make_plan`` for a device of ``sm_count`` SMs (sm_90a code where ``wg_arch``) with
+    ``IndexShareConfig(path=path, **knobs)``."""
+    return make_plan(g, DeviceLimits(sm_count, smem_max, 228 * 1024, wg_arch),
+                     aligned16=aligned16, capacity_scratch=capacity,
+                     config=IndexShareConfig(path=path, **(knobs or {})))
+
+
 def test_wg_plan_choice_and_layouts():
-    plan = index_share._plan
+    plan = _plan
     # Decode N64 with the barrier-coupled build (ws=0; the default from 64 heads is ws, see
     # test_ws_plan_choice_grid_and_refusals): two warpgroups splitting each tile's keys.
     p = plan(_geom(64, b=100), 132, True, None, False, knobs={"ws": 0}, wg_arch=True)
     assert (p.path, p.knobs["wgs"], p.knobs["mrows"], p.knobs["overlap"]) == ("wg", 2, 64, 0)
     assert p.threads == 256 and p.heads_per_cta == 64 and p.knobs["ws"] == 0
     assert p.smem <= 227 * 1024 and p.stages >= 2
-    assert p.smem == isp._wg_smem(128, 2, 64, p.stages, p.cps)
+    assert p.smem == builds._wg_smem(128, 2, 64, p.stages, p.cps)
     # Prefill N64 (4096 rows) takes ws (below); with ws=0 one warpgroup with Q in
     # registers, a 2-stage ring and the 168-register build: three CTAs per SM.
     t = plan(_geom(64, b=1, sq=4096), 132, True, None, False, knobs={"ws": 0}, wg_arch=True)
@@ -894,7 +908,7 @@ def test_ws_decode_split(n):
     clusters), else four splits as four-CTA clusters merging from their partials in L2;
     else two splits per task as two-CTA clusters; past one wave of clusters, the wave model
     (and for 64 heads the barrier-coupled build)."""
-    plan = index_share._plan
+    plan = _plan
     for b in (1, 3, 8):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 8, "cluster",
@@ -903,7 +917,7 @@ def test_ws_decode_split(n):
         assert d["IS_CMERGE"] == 8 and d["IS_CMDS"] == 1 and "IS_CLUSTER" not in d
         # No partials and no split counters (no scratch at all); the shared memory of the
         # plain ws build (the partials land in the rings).
-        assert not p.partials and p.nbytes == 0 and p.smem == isp._ws_smem(128, 256)
+        assert not p.partials and p.nbytes == 0 and p.smem == builds._ws_smem(128, 256)
     for b in (9, 16):
         p = plan(_geom(n, b=b), 132, True, None, False, wg_arch=True)
         assert (p.entry, p.splits, p.merge, p.grid, p.cps) == ("is_attn_ws", 4, "cluster",
@@ -962,19 +976,19 @@ def test_ws_decode_split(n):
         plan(_geom(n, b=2), 132, True, None, False, knobs={"splits": 8, "merge": "cluster",
                                                          "kt": 64}, wg_arch=True)
     # The helper alone.
-    assert isp._ws_decode_split(8, 2048, 132) == (8, "cluster")
-    assert isp._ws_decode_split(8, 1024, 132) == (4, "cluster")
-    assert isp._ws_decode_split(16, 2048, 132) == (4, "cluster")
-    assert isp._ws_decode_split(17, 2048, 132) == (2, "cluster")
-    assert isp._ws_decode_split(9, 2048, 132) == (4, "cluster")
-    assert isp._ws_decode_split(67, 2048, 132) is None
-    assert isp._ws_decode_split(1, 128, 132) is None
+    assert splitk._ws_decode_split(8, 2048, 132) == (8, "cluster")
+    assert splitk._ws_decode_split(8, 1024, 132) == (4, "cluster")
+    assert splitk._ws_decode_split(16, 2048, 132) == (4, "cluster")
+    assert splitk._ws_decode_split(17, 2048, 132) == (2, "cluster")
+    assert splitk._ws_decode_split(9, 2048, 132) == (4, "cluster")
+    assert splitk._ws_decode_split(67, 2048, 132) is None
+    assert splitk._ws_decode_split(1, 128, 132) is None
     # Only split counts the plan's 128-key column split gives exactly: 1100 keys in four
     # splits come out as three, 10000 in four as five (2048-column cap), 8192 in two as four.
-    assert isp._ws_decode_split(1, 1100, 132) == (2, "cluster")
-    assert isp._ws_decode_split(10, 10000, 132) is None
-    assert isp._ws_decode_split(40, 8192, 132) is None
-    assert isp._ws_decode_split(8, 2048, 132, cap=40) == (4, "cluster")
+    assert splitk._ws_decode_split(1, 1100, 132) == (2, "cluster")
+    assert splitk._ws_decode_split(10, 10000, 132) is None
+    assert splitk._ws_decode_split(40, 8192, 132) is None
+    assert splitk._ws_decode_split(8, 2048, 132, cap=40) == (4, "cluster")
     # Prefill (many rows) keeps the last-arrival merge for pinned splits above two.
     assert plan(_geom(n, b=1, sq=4096), 132, True, None, False, knobs={"splits": 4},
                 wg_arch=True).merge == "last"
@@ -984,7 +998,7 @@ def test_ws_persistent_splits():
     """Decode rows past one wave of cluster plans: the persistent ws build's split count
     minimises its busiest CTA's items x (tiles + _WS_SPLIT_ITEM_TILES for a split item),
     as measured on the H200 (NOTES, IndexShare round 21)."""
-    f = isp._ws_persistent_splits
+    f = splitk._ws_persistent_splits
     # Top-k 1024 and 2048: one split at every batch measured (67-264).
     for b in (67, 96, 132, 133, 160, 198, 264):
         assert f(b, 2048, 132) == 1 and f(b, 1024, 132) == 1, b
@@ -993,12 +1007,12 @@ def test_ws_persistent_splits():
     assert (f(67, 4096, 132), f(96, 4096, 132), f(160, 4096, 132)) == (3, 2, 2)
     # The item cost by hand: ceil(T s / P) x (tiles + 8 if split).
     def cost(t, k, s):
-        cps = isp._round_up(-(-k // s), 128)
+        cps = builds._round_up(-(-k // s), 128)
         return -(-t * s // 132) * (cps // 128 + (8 if s > 1 else 0))
     for t, k in ((67, 4096), (100, 4096), (199, 4096), (40, 8192), (300, 6000)):
         s, lo = f(t, k, 132), -(-k // 2048)
         exact = [o for o in range(lo, 9)
-                 if -(-k // min(isp._round_up(-(-k // o), 128), 2048)) == o]
+                 if -(-k // min(builds._round_up(-(-k // o), 128), 2048)) == o]
         assert s in exact, (t, k, s)
         # the least cost, and the fewest splits on a tie
         assert all(cost(t, k, s) < cost(t, k, o) for o in exact if o < s), (t, k)
@@ -1007,7 +1021,7 @@ def test_ws_persistent_splits():
     # fewest 2048-column splits, and the slots are the grid's (the ctas knob).
     assert f(1, 16384, 132) == 8 and f(500, 2100, 132) == 2
     assert f(20, 4096, 10) == 2
-    plan = index_share._plan
+    plan = _plan
     for n in (64, 128):
         for b, k, splits, merge in ((133, 2048, 1, "none"), (160, 2048, 1, "none"),
                                     (67, 4096, 3, "last"), (96, 4096, 2, "last")):
@@ -1024,7 +1038,7 @@ def test_ws_plan_choice_grid_and_refusals():
     """The warp-specialised persistent build: the default from 64 heads per index row,
     one CTA per SM (or the ctas cap) looping over tasks x splits items, two Q slots where
     they fit (one split, int32 indices), shared memory as the kernel lays it out."""
-    plan = index_share._plan
+    plan = _plan
     # Decode N128: 64 tasks split in two (128 items on 132 SMs), one Q slot; one item per
     # CTA, so the two splits of a task merge in a two-CTA cluster (no partials, no counters).
     p = plan(_geom(128), 132, True, None, False, wg_arch=True)
@@ -1032,7 +1046,7 @@ def test_ws_plan_choice_grid_and_refusals():
     assert (p.knobs["ws"], p.knobs["q2"], p.splits, p.merge) == (1, 0, 2, "cluster")
     assert p.variant.defines["IS_CLUSTER"] == 1 and p.nbytes == 0
     assert p.grid == p.tasks * p.splits == 128 and p.cps == 1024
-    assert p.smem == isp._ws_smem(128, 1024, 0, 1) <= 227 * 1024
+    assert p.smem == builds._ws_smem(128, 1024, 0, 1) <= 227 * 1024
     # ... in 128-key tiles; pinned to 64, twice the ring slots in the same bytes (WS_KTS).
     assert p.knobs["kt"] == 128 and "IS_KT" not in p.variant.defines and p.stages == 2
     q = plan(_geom(128), 132, True, None, False, knobs={"kt": 64}, wg_arch=True)
@@ -1049,8 +1063,8 @@ def test_ws_plan_choice_grid_and_refusals():
     # Prefill N128: 4096 items on 132 CTAs, two Q slots; int64 indices keep one.
     p = plan(_geom(128, b=1, sq=4096), 132, True, None, False, wg_arch=True)
     assert (p.knobs["q2"], p.splits, p.grid, p.tasks) == (1, 1, 132, 4096)
-    assert p.variant.defines["IS_Q2"] == 1 and p.smem == isp._ws_smem(128, 2048, 1)
-    assert p.smem <= 227 * 1024 < isp._ws_smem(128, 2048, 1) + 128 * 9 * 4 + 8192
+    assert p.variant.defines["IS_Q2"] == 1 and p.smem == builds._ws_smem(128, 2048, 1)
+    assert p.smem <= 227 * 1024 < builds._ws_smem(128, 2048, 1) + 128 * 9 * 4 + 8192
     p64 = plan(_geom(128, b=1, sq=4096, idt=DataType.INT64), 132, True, None, False,
                wg_arch=True)
     assert p64.knobs["q2"] == 0 and "IS_Q2" not in p64.variant.defines
@@ -1098,7 +1112,7 @@ def test_ws_plan_choice_grid_and_refusals():
 
 
 def test_wg_plan_declines_and_refusals():
-    plan = index_share._plan
+    plan = _plan
     # Not Hopper, fewer than WG_MIN_GROUP heads per index row, f32, per-head index rows,
     # unaligned tensors: the planner keeps the other paths.
     assert plan(_geom(64), 132, True, None, False, wg_arch=False).path == "mma"
@@ -1121,7 +1135,7 @@ def test_wg_plan_declines_and_refusals():
         plan(_geom(16), 132, True, "wg", False, wg_arch=True)
     for knobs, match in (({"wgs": 1, "mrows": 128}, "no build"), ({"overlap": 2}, "overlap"),
                          ({"overlap": 1, "stages": 2}, r"stages=2 must be in \[3, 8\]"),
-                         ({"stages": 9}, "stages"), ({"prefetch": 1}, "unknown plan knobs"),
+                         ({"stages": 9}, "stages"),
                          ({"qreg": 1, "wgs": 2}, "qreg=1 must be"),
                          ({"minb": 2}, "minb=2 must be"), ({"minb": 3}, "minb=3 must be"),
                          ({"minb": 3, "wgs": 2, "qreg": 0}, "minb=3 must be")):
@@ -1137,7 +1151,31 @@ def test_wg_plan_declines_and_refusals():
              knobs={"splits": 1, "stages": 3}, wg_arch=True)
 
 
-def test_wg_workspace_covers_the_wg_plan(monkeypatch):
+def test_config_is_data_and_shows_in_the_plan():
+    """IndexShareConfig is the one way to pin a plan: frozen, picklable, typed fields only
+    (an unknown knob or path is refused at construction), its repr names what it pins, and
+    every plan carries the config it was made with."""
+    import pickle
+
+    cfg = IndexShareConfig(ws=1, splits=2)
+    assert pickle.loads(pickle.dumps(cfg)) == cfg and hash(cfg) == hash(IndexShareConfig(splits=2, ws=1))
+    assert repr(cfg) == "IndexShareConfig(splits=2, ws=1)"
+    assert repr(IndexShareConfig()) == "IndexShareConfig()"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.splits = 3  # type: ignore[misc]
+    with pytest.raises(TypeError, match="prefetch"):
+        IndexShareConfig(prefetch=1)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="path must be None, 'simt', 'mma' or 'wg'"):
+        IndexShareConfig(path="tensor")
+    p = _plan(_geom(128, b=9), 132, True, None, False, knobs={"ws": 1, "splits": 2}, wg_arch=True)
+    assert p.config == cfg and "config=IndexShareConfig(splits=2, ws=1)" in repr(p)
+    assert (p.splits, p.merge) == (2, "cluster") and p.knobs["ws"] == 1
+    # The factory hands its config to every kernel it creates.
+    kern = index_share.IndexShareFactory(object(), cfg).create(node(128, 1))
+    assert kern.config is cfg
+
+
+def test_wg_workspace_covers_the_wg_plan():
     """workspace_requirement plans the wg path on sm_90 (pure: the runtime is a stand-in)."""
     from types import SimpleNamespace
 
@@ -1146,8 +1184,8 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
     rt = SimpleNamespace(capabilities=SimpleNamespace(sm_count=132, arch="sm_90",
                                                       max_shared_per_block_optin=227 * 1024))
     kern = index_share.IndexShareKernel.__new__(index_share.IndexShareKernel)
-    kern.rt, kern.node, kern.path_override, kern.plan_override = rt, node(64, 1), None, None
-    from attnrt.ops._ref_index_share import parse_attributes
+    kern.rt, kern.node, kern.config = rt, node(64, 1), IndexShareConfig()
+    from attnrt.ops.index_share import parse_attributes
 
     kern.attrs = parse_attributes(node(64, 1))
     # B 12: four-CTA clusters merging from their partials in L2 (B 17-66 takes the two-CTA
@@ -1157,10 +1195,14 @@ def test_wg_workspace_covers_the_wg_plan(monkeypatch):
         [(12, 64, 1, 128), (12, 1, 1, 128), (12, 1, 1, 128), (12, 1, 8191, 128),
          (12, 1, 8191, 128), (12, 1, 1, 2048)], [DataType.BFLOAT16] * 5 + [DataType.INT32])]
     need = kern.workspace_requirement(metas).nbytes
-    wg = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+    wg = _plan(g, 132, True, "wg", False, wg_arch=True)
     assert need >= wg.nbytes > 0
-    monkeypatch.setenv("ATTNRT_INDEX_SHARE_WG", "0")
-    assert not kern._wg_arch()
+    # wgmma=False keeps the kernel off the wgmma path on sm_90 too (and its workspace with it).
+    assert kern._make_plan(g, True, None, False).path == "wg"
+    kern.config = IndexShareConfig(wgmma=False)
+    assert kern._make_plan(g, True, None, False).path == "mma"
+    assert kern.workspace_requirement(metas).nbytes == max(
+        _plan(g, 132, True, p, False).nbytes for p in ("simt", "mma"))
 
 
 @pytest.mark.parametrize("n,path,want,b,knobs", [
@@ -1183,9 +1225,8 @@ def test_programmatic_launch_only_for_the_ws_build(n, path, want, b, knobs):
            rt.view((b, 1, past, h), bf), rt.view((b, 1, past, h), bf),
            rt.view((b, 1, 1, k), DataType.INT32, data=idx.astype(np.int32).reshape(b, 1, 1, k))]
     out = rt.view((b, n, 1, h), bf, mut=True)
-    kern = index_share.IndexShareFactory(rt).create(node(n, 1))
-    kern.path_override = path
-    kern.plan_override = knobs
+    kern = index_share.IndexShareFactory(rt, IndexShareConfig(path=path, **(knobs or {}))).create(
+        node(n, 1))
     try:
         kern.execute(ins, [out])
     finally:

@@ -3,14 +3,15 @@ with valid and poisoned indices. Bounded parametrization (about 15 kernel varian
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
 
 import attnrt
-from attnrt.ops import _index_share_plan as isp
 from attnrt.ops import index_share, reference
-from attnrt.ops._ref_index_share import SelectedIndicesError
+from attnrt.ops.index_share import IndexShareConfig, SelectedIndicesError, splitk
 from attnrt.runtime import DeviceArray
 from attnrt.runtime.api import DataType, Node, TensorView
 from attnrt.runtime.errors import CaptureError
@@ -142,7 +143,7 @@ def test_matches_reference(rt, ledger, rng, cfg):
     arrs, views = upload(rt, ins)
     outs = [DeviceArray(rt, s, DataType.from_numpy(dt)) for s in out_shapes(ins, mode)]
     kern = index_share.IndexShareFactory(rt).create(nd)
-    kern.path_override = path
+    kern.config = dataclasses.replace(kern.config, path=path)
     try:
         got = run(rt, kern, views, outs)
         err = rel_fro(got[0], want[0])
@@ -167,7 +168,7 @@ def test_paths_agree_and_are_deterministic(rt, ledger, rng):
     kern = index_share.IndexShareFactory(rt).create(nd)
     try:
         for path in ("mma", "simt"):
-            kern.path_override = path
+            kern.config = dataclasses.replace(kern.config, path=path)
             a = run(rt, kern, views, [y])[0]
             assert kern.last_plan.path == path
             assert rel_fro(a, want) < TOL[DataType.BFLOAT16]
@@ -225,7 +226,7 @@ def test_capture_replay_and_poisoned_indices(rt, ledger, rng, mode, n, knobs):
     outs = [y] if mode == "none" else [y, arrs[3], arrs[4]]  # capacity: present aliases past
     kern = index_share.IndexShareFactory(rt).create(nd)
     if knobs and _wg_device(rt):
-        kern.plan_override = knobs
+        kern.config = IndexShareConfig(path=kern.config.path, **(knobs or {}))
     graph = None
     try:
         assert not kern.capture_support()
@@ -318,7 +319,7 @@ def _plans_agree(rt, kern, views, y, want, plans, path, layout, tol, repeats=0):
     loop); each result repeats bit for bit ``repeats`` more times."""
     got = {}
     for knobs in plans:
-        kern.plan_override = knobs
+        kern.config = IndexShareConfig(path=kern.config.path, **(knobs or {}))
         a = run(rt, kern, views, [y])[0]
         plan = kern.last_plan
         assert plan.path == path, (knobs, plan)
@@ -351,7 +352,7 @@ def test_mma_plans_agree(rt, ledger, rng, shape):
     arrs, views = upload(rt, ins)
     y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
     kern = index_share.IndexShareFactory(rt).create(nd)
-    kern.path_override = "mma"
+    kern.config = dataclasses.replace(kern.config, path="mma")
     plans = [None, {"merge": "kernel"}, {"wm": 4, "wn": 2}, {"wm": 4, "wn": 1, "stages": 2},
              {"stages": 3, "splits": 3}, {"stages": 3, "splits": 3, "merge": "kernel"},
              {"splits": 1},
@@ -359,7 +360,7 @@ def test_mma_plans_agree(rt, ledger, rng, shape):
              {"pipe": 1}, {"pipe": 1, "wm": 4, "wn": 2}, {"pipe": 1, "stages": 3, "splits": 3}]
     try:
         _plans_agree(rt, kern, views, y, want, plans, "mma", ("wm", "wn"), TOL[DataType.BFLOAT16])
-        kern.plan_override = None
+        kern.config = IndexShareConfig(path=kern.config.path)
         first = run(rt, kern, views, [y])[0]
         assert shape == "prefill" or kern.last_plan.splits > 1
         for _ in range(4):
@@ -441,7 +442,7 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
              # Four splits: four-CTA clusters (their default) and is_combine, the same bits.
              {"ws": 1, "splits": 4}, {"ws": 1, "splits": 4, "merge": "kernel"}]
     try:
-        kern.plan_override = None
+        kern.config = IndexShareConfig(path=kern.config.path)
         run(rt, kern, views, [y])
         assert kern.last_plan.path == "wg", kern.last_plan
         kn = kern.last_plan.knobs
@@ -453,7 +454,7 @@ def test_wg_plans_agree(rt, ledger, rng, shape):
             assert kn["ws"] == 1 and kn["q2"] == (kern.last_plan.splits == 1), kn
         _plans_agree(rt, kern, views, y, want, plans, "wg", ("wgs", "mrows", "qreg", "kt"),
                      TOL[DataType.from_numpy(dt)], repeats=2)
-        kern.plan_override = {"ws": 1, "splits": 2}  # cluster: one item per CTA
+        kern.config = IndexShareConfig(path=kern.config.path, ws=1, splits=2)  # cluster: one item per CTA
         run(rt, kern, views, [y])
         p = kern.last_plan
         assert p.merge == ("cluster" if 2 * p.tasks <= rt.capabilities.sm_count else "last"), p
@@ -486,7 +487,7 @@ def test_decode_past_one_wave_of_clusters(rt, ledger, rng, n, k):
         run(rt, kern, views, [y])
         p = kern.last_plan
         if 2 * b > sm:  # (the H200's 132 SMs: always)
-            splits = isp._ws_persistent_splits(b, k, sm)
+            splits = splitk._ws_persistent_splits(b, k, sm)
             assert (p.entry, p.splits, p.grid) == ("is_attn_ws", splits, min(sm, b * splits)), p
             assert p.merge == ("none" if splits == 1 else "last") and (splits > 1) == (k > 2048)
         plans = [None, {"ws": 1, "ctas": 9}, {"ws": 1, "splits": p.splits, "merge": "kernel"},
@@ -519,8 +520,8 @@ def test_pinned_splits_are_batch_invariant(rt, ledger, rng):
         y = DeviceArray(rt, ins[0].shape, DataType.BFLOAT16)
         kern = index_share.IndexShareFactory(rt).create(nd)
         try:
-            kern.path_override = "wg"  # (as the README's recipe: never another path quietly)
-            kern.plan_override = knobs
+            # (as the README's recipe: path "wg", never another path quietly)
+            kern.config = IndexShareConfig(path="wg", **knobs)
             got.append(run(rt, kern, views, [y])[0][:3])
             plans.append(kern.last_plan)
         finally:
@@ -560,7 +561,7 @@ def test_chained_calls_in_one_graph(rt, ledger, rng, knobs, size):
     arrs, views = upload(rt, ins)
     ya, yb = (DeviceArray(rt, ins[0].shape, DataType.BFLOAT16) for _ in range(2))
     kern = index_share.IndexShareFactory(rt).create(nd)
-    kern.plan_override = knobs
+    kern.config = IndexShareConfig(path=kern.config.path, **(knobs or {}))
     graph = None
 
     def chain():

@@ -52,14 +52,14 @@ def test_plan_snapshot_quick(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     import plan_snapshot
 
-    from attnrt.ops import _index_share_plan
+    from attnrt.ops.index_share import splitk
 
-    saved = _index_share_plan._WS_SPLIT_ITEM_TILES
+    saved = splitk._WS_SPLIT_ITEM_TILES
     try:
-        _index_share_plan._WS_SPLIT_ITEM_TILES = 0  # a rule change: some plans move
+        splitk._WS_SPLIT_ITEM_TILES = 0  # a rule change: some plans move
         b = plan_snapshot.snapshot(quick=True)
     finally:
-        _index_share_plan._WS_SPLIT_ITEM_TILES = saved
+        splitk._WS_SPLIT_ITEM_TILES = saved
     assert plan_snapshot.snapshot(quick=True) == a
     assert len(b) == len(a) and b != a
 
@@ -157,33 +157,38 @@ def test_trace_index_share_cps_hook() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from test_index_share_cpu import _geom
 
-    from attnrt.ops import _common, _index_share_plan, index_share
+    from attnrt.ops import _common
+    from attnrt.ops.index_share import DeviceLimits, IndexShareConfig, builds, kernel, splitk
 
-    saved = (index_share._plan, _index_share_plan._ws_variant, _common.get_function)
+    def plan(g):  # as the kernel plans (through the module attribute the tool replaces)
+        return kernel.make_plan(g, DeviceLimits(132, sm90a=True), aligned16=True,
+                                capacity_scratch=False, config=IndexShareConfig(path="wg"))
+
+    saved = (kernel.make_plan, splitk._ws_variant, _common.get_function)
     try:
         trace = importlib.import_module("trace_index_share")
         hooks = trace._Hooks(SimpleNamespace(launch=lambda *a, **k: None))
         g = _geom(128)  # B 64, N 128, top-k 2048: the cluster plan
-        base = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+        base = plan(g)
         assert base.merge == "cluster" and base.cps == 1024
         hooks.cps = 1152
-        p = index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+        p = plan(g)
         assert (p.cps, p.splits, p.merge) == (1152, 2, "cluster")
-        assert p.smem == _index_share_plan._ws_smem(128, 1152, 0, 1, 128) > base.smem
+        assert p.smem == builds._ws_smem(128, 1152, 0, 1, 128) > base.smem
         # Not whole tiles; all of top-k; below half (split 1 would lose keys).
         for bad in (1000, 2048, 512):
             hooks.cps = bad
             with pytest.raises(ValueError, match="multiple of the 128-key tile"):
-                index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+                plan(g)
         hooks.cps = 1280  # 232832 bytes of shared memory at head size 128: over 227 KiB
         with pytest.raises(ValueError, match="232832 bytes"):
-            index_share._plan(g, 132, True, "wg", False, wg_arch=True)
+            plan(g)
         hooks.cps = 1152  # a plan without the two-CTA merge: refused, not silently ignored
         for b in (1, 100):  # eight-CTA clusters; one split
             with pytest.raises(ValueError, match="two-CTA decode cluster plan"):
-                index_share._plan(_geom(128, b=b), 132, True, "wg", False, wg_arch=True)
+                plan(_geom(128, b=b))
     finally:
-        index_share._plan, _index_share_plan._ws_variant, _common.get_function = saved
+        kernel.make_plan, splitk._ws_variant, _common.get_function = saved
 
 
 def _ws_bf16_hd128_builds() -> tuple[list, object, object]:
@@ -244,14 +249,15 @@ def test_cluster_merge_partials_path() -> None:
     over through distributed shared memory (stores into the partners' rings, no global
     partial loads, two cluster barriers more: NOTES, IndexShare rounds 21-22). Either form
     builds for either size (for A/Bs); IS_CMDS without IS_CMERGE is refused."""
-    from attnrt.ops import _common, _index_share_builds
+    from attnrt.ops import _common
+    from attnrt.ops.index_share import builds
     from attnrt.runtime.api import DataType
     from attnrt.runtime.compiler import CompileError, compile_source
 
     src = _common.source("index_share_ws.cu")
 
     def counts(c: int, cmds: int) -> tuple[int, int, int]:
-        v = _index_share_builds._ws_variant(DataType.BFLOAT16, 128, 0, c)
+        v = builds._ws_variant(DataType.BFLOAT16, 128, 0, c)
         assert v.defines.get("IS_CMDS", 0) == (c == 8), v.defines
         defines = {**v.defines, "IS_CMDS": cmds}
         r = compile_source(src, v.file, "sm_90a", list(_common.defines_to_options(defines)),
@@ -266,7 +272,7 @@ def test_cluster_merge_partials_path() -> None:
         ds_on, l2_on, bars_on = counts(c, 1)
         # (the first of the two extra cluster barriers with the producer too, for racecheck)
         assert ds_on > 0 and l2_on == 0 and bars_on == bars + 2, (c, ds_on, l2_on, bars_on, bars)
-    plain = _index_share_builds._ws_variant(DataType.BFLOAT16, 128)
+    plain = builds._ws_variant(DataType.BFLOAT16, 128)
     with pytest.raises(CompileError, match="IS_CMDS"):
         compile_source(src, plain.file, "sm_90a", [*plain.options, "-DIS_CMDS=1"],
                        _common.headers(), cubin=False)
@@ -734,9 +740,7 @@ def test_bench_index_share_batch_plans() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     import bench
     import bench_index_share_batch as bb
-    from test_index_share_cpu import _geom
-
-    from attnrt.ops import index_share
+    from test_index_share_cpu import _geom, _plan
 
     assert "index_share_batch" in bench.BENCHES
     assert [(c["n"], c["b"]) for c in bb.cases(True)] == [(64, 1), (64, 8)]
@@ -747,11 +751,10 @@ def test_bench_index_share_batch_plans() -> None:
     assert bb.previous_plan(128, 1, 132) == {"path": "wg", "ws": 1, "splits": 8, "merge": "last"}
     assert bb.previous_plan(128, 32, 132)["splits"] == 4
     for c in full:
-        new = index_share._plan(_geom(c["n"], b=c["b"]), 132, True, None, False, wg_arch=True)
+        new = _plan(_geom(c["n"], b=c["b"]), 132, True, None, False, wg_arch=True)
         knobs = dict(bb.previous_plan(c["n"], c["b"], 132))
         path = knobs.pop("path")
-        old = index_share._plan(_geom(c["n"], b=c["b"]), 132, True, path, False, knobs=knobs,
-                                wg_arch=True)
+        old = _plan(_geom(c["n"], b=c["b"]), 132, True, path, False, knobs=knobs, wg_arch=True)
         if c["b"] <= 32:  # round 20: the cluster plans
             assert (new.splits, new.merge) != (old.splits, old.merge), c
             assert new.merge == "cluster" and old.merge == "last", (new, old)

@@ -28,7 +28,8 @@ from typing import Any
 import bench_index_share as bis
 from bench import BenchContext, row
 
-from attnrt.ops import _index_share_plan, index_share
+from attnrt.ops import index_share
+from attnrt.ops.index_share import splitk
 
 BATCHES = (1, 2, 4, 8, 16, 32, 96, 160, 264)
 
@@ -44,7 +45,7 @@ def previous_plan(n: int, b: int, sm_count: int) -> dict[str, Any]:
     changed nothing: this is also the plan of ``bed7756``, before round 21."""
     if n == 64:
         return {"path": "wg", "ws": 0}
-    splits = min(_index_share_plan._choose_splits(b, bis.TOPK, 128, 2048, sm_count),
+    splits = min(splitk._choose_splits(b, bis.TOPK, 128, 2048, sm_count),
                  index_share.WS_MAX_SPLITS)
     return {"path": "wg", "ws": 1, "splits": splits, "merge": "last"}
 
@@ -55,12 +56,8 @@ def cases(quick: bool) -> list[dict[str, Any]]:
 
 
 def _kernel(rt: Any, c: dict[str, Any], knobs: dict[str, Any] | None) -> Any:
-    kern = index_share.IndexShareFactory(rt).create(bis.node_for(c))
-    if knobs:
-        rest = dict(knobs)
-        kern.path_override = rest.pop("path", None)
-        kern.plan_override = rest
-    return kern
+    cfg = index_share.IndexShareConfig(**(knobs or {}))  # (a knob set's "path" is a field)
+    return index_share.IndexShareFactory(rt, cfg).create(bis.node_for(c))
 
 
 def _plan_words(kern: Any) -> str:

@@ -33,7 +33,7 @@ lists; there a refused ``workspace_requirement`` is recorded as ``ws!<ErrorType>
 and ``execute`` still runs without a workspace, as the sweeps and benchmarks call it.
 
 Devices: ``h200`` (the fake's default: sm_90, 132 SMs, 227 KiB shared memory) and
-``a100`` (sm_80, 108 SMs, 163 KiB). ``NXRT_INDEX_SHARE_WG`` is cleared. ``--quick`` runs
+``a100`` (sm_80, 108 SMs, 163 KiB). ``--quick`` runs
 every 10th case. Project names are imported only in :func:`_imports`; the other contact
 points are the fake's public surface (``view``, ``address``, ``launches``, ``write``,
 ``capabilities``, the capture calls) and the ops' factory arguments and kernel knobs.
@@ -63,9 +63,12 @@ if str(ROOT) not in sys.path:
 
 def _imports() -> SimpleNamespace:
     """Every project name this tool uses (the only place to edit after a rename)."""
+    import dataclasses
+
     import attnrt.ops as nxrt_kernels
     from attnrt.ops.attention import AttentionFactory
-    from attnrt.ops.index_share import IndexShareFactory
+    from attnrt.ops.index_share import IndexShareConfig, IndexShareKernel
+    from attnrt.ops.index_share import IndexShareFactory as _IndexShareFactory
     from attnrt.ops.paged_attention import PagedAttentionConfig
     from attnrt.ops.paged_attention import PagedAttentionFactory as _Paged
     from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
@@ -73,6 +76,30 @@ def _imports() -> SimpleNamespace:
 
     def PagedAttentionFactory(rt, *, path="auto", num_splits=None):  # noqa: N802 - a factory
         return _Paged(rt, config=PagedAttentionConfig(path=path, num_splits=num_splits))
+    class _OldKnobsKernel(IndexShareKernel):
+        """The cases' old knob spelling, mapped onto the kernel's IndexShareConfig."""
+
+        @property
+        def path_override(self) -> Any:
+            return self.config.path
+
+        @path_override.setter
+        def path_override(self, path: Any) -> None:
+            self.config = dataclasses.replace(self.config, path=path)
+
+        @property
+        def plan_override(self) -> Any:
+            return None
+
+        @plan_override.setter
+        def plan_override(self, knobs: Any) -> None:
+            self.config = IndexShareConfig(path=self.config.path, **(knobs or {}))
+
+    class IndexShareFactory(_IndexShareFactory):
+        def create(self, node: Any, input_shapes: Any = ()) -> Any:
+            kern = super().create(node, input_shapes)
+            kern.__class__ = _OldKnobsKernel
+            return kern
 
     return SimpleNamespace(
         DataType=DataType, Node=Node, TensorMut=TensorMut, TensorView=TensorView,

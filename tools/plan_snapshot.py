@@ -3,9 +3,14 @@
 
 For checking a planner change that should not change any plan (a refactor, a moved
 helper): run it before and after, then ``cmp`` the two files. Each line is one call of
-``index_share._plan`` (the function ``workspace_requirement`` and ``execute`` use):
-the geometry, path, knobs and device flags, then the plan's ``repr`` or the error it
-raised. No GPU is needed (the device is described by its SM count, 132, and sm_90 code).
+``make_plan`` (the function ``workspace_requirement`` and ``execute`` use): the geometry,
+path, knobs and device flags, then the plan or the error it raised. No GPU is needed (the
+device is described by its SM count, 132, and sm_90 code).
+
+The lines keep the spelling of the planner before ``IndexShareConfig`` (so that snapshots
+of either compare): ``path=... knobs={...}`` is the config ``IndexShareConfig(path=...,
+**knobs)``, and a plan prints as ``_Plan(...)`` with every field but ``config`` (which the
+key already states).
 
 The grid (``--quick``: a tenth of it, for tests): heads 8-256, kv heads 1-2, batch 1-300,
 query rows 1-4096, top-k 1-4096, head size 64/72/128, the three float dtypes, int32 and int64
@@ -16,6 +21,7 @@ scratch or not, and the knob sets of the plan overrides the tests use.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import sys
 from pathlib import Path
@@ -23,9 +29,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attnrt.ops._ref_index_share import parse_attributes, resolve_geometry  # noqa: E402
-from attnrt.ops.index_share import _plan  # noqa: E402  (before and after the planner's move)
+from attnrt.ops.index_share import (  # noqa: E402
+    DeviceLimits,
+    IndexShareConfig,
+    make_plan,
+    parse_attributes,
+    resolve_geometry,
+)
 from attnrt.runtime.api import DataType, Node  # noqa: E402
+
+#: The device of every line: 132 SMs, 227 KiB of shared memory per block, sm_90a code.
+DEVICE = DeviceLimits(132, sm90a=True)
+
+
+def plan_line(plan: object) -> str:
+    """A plan as the snapshot prints it: ``_Plan(<field>=<repr>, ...)`` without ``config``."""
+    fields = [f"{f.name}={getattr(plan, f.name)!r}" for f in dataclasses.fields(plan)
+              if f.name != "config"]
+    return f"_Plan({', '.join(fields)})"
 
 
 def _geometry(n: int, nkv: int, b: int, sq: int, k: int, h: int, dt: DataType,
@@ -63,7 +84,9 @@ def snapshot(quick: bool = False) -> list[str]:
                 key = f"{shape} path={path} knobs={knobs} aligned={aligned} capacity={cap}"
                 try:
                     g = _geometry(**shape)
-                    res = repr(_plan(g, 132, aligned, path, cap, knobs=knobs, wg_arch=True))
+                    cfg = IndexShareConfig(path=path, **(knobs or {}))
+                    res = plan_line(make_plan(g, DEVICE, aligned16=aligned, capacity_scratch=cap,
+                                              config=cfg))
                 except Exception as exc:  # a refused plan is part of the snapshot
                     res = f"{type(exc).__name__}: {exc}"
                 out.append(f"{key} -> {res}")

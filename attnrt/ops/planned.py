@@ -32,7 +32,7 @@ from attnrt.runtime.errors import Unsupported
 
 from . import _dlpack
 from .attention import AttentionFactory
-from .index_share import IndexShareFactory
+from .index_share import IndexShareConfig, IndexShareFactory
 from .paged_attention import PagedAttentionConfig, PagedAttentionFactory
 
 __all__ = ["OpPlan", "Attention", "PagedAttention", "IndexShare"]
@@ -285,6 +285,9 @@ class IndexShare(_PlannedOp):
         ``"none"`` (output Y only), ``"concat"`` (also present K/V = past ⧺ current) or
         ``"capacity"`` (present K/V of the past's shape, may alias it: current tokens are
         written at the bias's valid frontier).
+    config
+        The planner's knobs (:class:`~attnrt.ops.index_share.IndexShareConfig`; the default
+        lets the planner choose; pin ``ws``/``splits`` for batch-invariant outputs).
 
     Raises
     ------
@@ -295,7 +298,8 @@ class IndexShare(_PlannedOp):
     """
 
     def __init__(self, rt: Any, *, num_heads: int, kv_num_heads: int | None = None,
-                 scale: float | None = None, present: str = "none") -> None:
+                 scale: float | None = None, present: str = "none",
+                 config: IndexShareConfig | None = None) -> None:
         if present not in ("none", "concat", "capacity"):
             raise ValueError(f"present must be 'none', 'concat' or 'capacity', got {present!r}")
         self.present = present
@@ -306,7 +310,7 @@ class IndexShare(_PlannedOp):
         node = Node("IndexShare", "pkg.nxrt", attrs, ["query", "key", "value", "past_key",
                                                       "past_value", "selected_indices",
                                                       "attention_bias"], outs)
-        super().__init__(rt, node, IndexShareFactory(rt))
+        super().__init__(rt, node, IndexShareFactory(rt, config))
 
     def _outputs(self, m: list[_Meta]) -> tuple[TensorMetadata, ...]:
         q, k, pk = m[0], m[1], m[3]

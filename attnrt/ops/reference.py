@@ -34,6 +34,6 @@ def paged_attention(node: Node, inputs: Sequence[np.ndarray | None], **kw: Any) 
 def index_share(node: Node, inputs: Sequence[np.ndarray | None], present: str = "none",
                 **kw: Any) -> list[np.ndarray]:
     """``pkg.nxrt::IndexShare``: returns ``[Y]`` or ``[Y, present_key, present_value]``."""
-    from ._ref_index_share import index_share as impl
+    from .index_share.reference import index_share as impl
 
     return impl(node, inputs, present=present, **kw)

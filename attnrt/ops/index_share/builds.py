@@ -1,14 +1,15 @@
-"""IndexShare's kernel builds: the tunables of its CUDA variants, the variant builders and
-``compile_variants`` (what ``attnrt warm`` compiles). ``index_share`` re-exports the public
-names; ``_index_share_plan`` chooses among the builds.
+"""IndexShare's kernel builds: the tunables of its CUDA variants, the variant builders,
+their shared-memory layouts and ``compile_variants`` (what ``attnrt warm`` compiles).
+:mod:`.plan` chooses among the builds; why each default is what it is:
+docs/notes/index_share.md.
 """
 
 from __future__ import annotations
 
 from attnrt.runtime.api import DataType
 
-from ._common import Variant
-from ._ref_index_share import FLOAT_TYPES
+from .._common import Variant
+from .schema import FLOAT_TYPES
 
 _DTYPE_CODE = {DataType.FLOAT: 0, DataType.FLOAT16: 1, DataType.BFLOAT16: 2}
 _KT = 64  # keys per tensor-core tile (IS_KT)
@@ -20,9 +21,6 @@ _AUX_ENTRIES = ("is_frontier", "is_copy_w16", "is_copy_w8", "is_copy_w4", "is_co
                 "is_combine")
 #: Tensor-core warp layouts (WM warps along heads x WN along each tile's keys) with builds.
 MMA_LAYOUTS = ((1, 4), (4, 1), (4, 2), (8, 1))
-#: Plan knobs a caller may pin through ``IndexShareKernel.plan_override`` (sweeps, tests).
-PLAN_KNOBS = ("splits", "wm", "wn", "stages", "merge", "pipe", "wgs", "mrows", "overlap",
-              "qreg", "minb", "ws", "ctas", "q2", "kt")
 #: Hopper (sm_90a) wgmma builds (cuda/index_share_wg.cu): (warpgroups, head rows per CTA).
 #: (1, 64) and (2, 128) give each warpgroup 64 heads; (2, 64) splits each tile's keys
 #: between the two warpgroups of one 64-head block.
@@ -32,13 +30,11 @@ WG_LAYOUTS = ((1, 64), (2, 64), (2, 128))
 WG_QREG_LAYOUT = (1, 64)
 #: Register caps of the wgmma builds (knob ``minb``, ``__launch_bounds__`` min blocks): 1 lets
 #: ptxas take what it needs; 3 caps a register-resident-Q warpgroup at 168 registers, so
-#: three CTAs with 2-stage rings share an SM (prefill N 64: 1.04 vs 1.27 ms, H200).
+#: three CTAs with 2-stage rings share an SM (see docs/notes/index_share.md#three-ctas-per-sm).
 WG_MINB = (1, 3)
-#: Groups of heads sharing an index row above this take the warp-specialised build (knob
-#: ``ws``) by default, and groups of exactly this many with many rows (prefill) or with the
-#: cluster split merge (decode): H200, N 128 prefill 1.05 vs 1.67 ms, decode 31 vs 49 us;
-#: N 64 prefill (one consumer warpgroup idle) 0.79 vs 0.87 ms; N 64 decode 30 vs 34.5 us
-#: with the cluster merge (35 vs 35 us without), NOTES.md.
+#: Groups of at least this many heads sharing an index row take the warp-specialised build
+#: (knob ``ws``) by default: it was the faster from 64 heads in every row count measured
+#: (see docs/notes/index_share.md#ws-from-64-heads).
 WS_MIN_GROUP = 64
 #: Smallest group of heads sharing an index row that takes the wgmma path (a 64-row wgmma
 #: tile with fewer heads wastes the rest of M; the mma.sync path tiles M by 16).
@@ -55,9 +51,8 @@ WS_MAX_SPLITS = 8
 _WS_KT = 128  # keys per tile (and the column alignment of its splits)
 #: Keys per tile of the ws build (knob ``kt``): 128 (the default), or 64 (at head size 128
 #: twice the ring slots in the same bytes; at 64 the slots stay at four, half the bytes).
-#: 64 was the N128 decode default until the producer's copy got lean (predicated copies):
-#: since then 128 is faster there too (H200: 25.5-26.0 vs 25.7-26.1 us with the earlier
-#: copy at 64; 26.3-26.9 at 64 with the new one; NOTES round 10).
+#: 128 is the faster since the producer's copies are predicated
+#: (see docs/notes/index_share.md#ws-key-tile).
 WS_KTS = (64, 128)
 
 
@@ -106,8 +101,8 @@ def _ws_variant(dt: DataType, hd: int, q2: int = 0, cluster: int = 0, kt: int = 
     if cluster in (4, 8):
         defines["IS_CMERGE"] = cluster
         if cluster == 8:
-            # 0.1-1.2 us faster per call than through L2 at B 1-8 (0.4-1.9 in one graph),
-            # 0.3-1.7 us slower with four CTAs (H200, NOTES IndexShare rounds 21-22).
+            # Through distributed shared memory at eight CTAs, through L2 at four: each the
+            # faster (see docs/notes/index_share.md#cluster-merge-handover).
             defines["IS_CMDS"] = 1
     elif cluster:
         defines["IS_CLUSTER"] = 1
@@ -136,6 +131,52 @@ def compile_variants() -> list[Variant]:
     return out
 
 
-def _max_head_size(dt: DataType, head: int) -> int:
-    wide = 16 // dt.itemsize
-    return 64 * wide if head % wide == 0 else 128
+# ---------------------------------------------------------------------------------------
+# shared memory of each build (mirrors the kernels' layouts)
+# ---------------------------------------------------------------------------------------
+
+def _round_up(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def _wg_smem(hd: int, wgs: int, mrows: int, stages: int, cps: int, qreg: int = 0) -> int:
+    """Dynamic shared memory of is_attn_wg."""
+    kt = 64 * (wgs // (mrows // 64))  # keys per tile
+    hb = hd // 64
+    q = 0 if qreg else hb * mrows * 128
+    return 1024 + q + stages * 2 * hb * kt * 128 + cps * 4
+
+
+def _ws_smem(hd: int, cps: int, q2: int = 0, cluster: int = 0, kt: int = _WS_KT) -> int:
+    """Dynamic shared memory of is_attn_ws.
+
+    ``q2``: two Q slots, no split-merge weights, int32 index slots. ``cluster``: no
+    split-merge weights; the cluster merge's inbox (the partner's half of O and its row
+    statistics) after the index slots, 128-byte aligned.
+    """
+    hb = hd // 64
+    q = (2 if q2 else 1) * hb * 128 * 128
+    ring = 2 * _ws_nst(hd, kt) * hb * kt * 128
+    weights = 0 if q2 or cluster else 128 * (WS_MAX_SPLITS + 1) * 4
+    fixed = q + ring + 256 + weights + 2 * cps * 4 + 2 * (16 + (4 if q2 else 8) * cps)
+    if cluster:
+        fixed = _round_up(fixed, 128) + (4 * hb + 1) * 256 * 16
+    return 1024 + fixed
+
+
+def _mma_smem(wm: int, wn: int, stages: int, hd: int, cps: int) -> int:
+    """Dynamic shared memory of is_attn_mma."""
+    lds = hd + 8
+    q = 16 * wm * lds * 2
+    ring = stages * 2 * _KT * lds * 2
+    merge = wm * (wn - 1) * (hd // 2 + 4) * 32 * 4 if wn > 1 else 0
+    return q + max(ring, merge) + cps * 4
+
+
+def _writes_partials(merge: str, variant: Variant) -> bool:
+    """Whether a plan's splits write partials to the scratch: every merge but the cluster
+    builds that hand them over through distributed shared memory (the two-CTA one, and the
+    four/eight-CTA one built with IS_CMDS; none with one split)."""
+    d = variant.defines
+    return merge in ("last", "kernel") or (
+        merge == "cluster" and "IS_CMERGE" in d and not d.get("IS_CMDS", 0))
