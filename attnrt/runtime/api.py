@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -180,11 +181,13 @@ class _Shaped:
         """Coerce dtype, shape and strides (frozen dataclasses: set through object) and check
         that no dimension is negative and strides match the rank."""
         object.__setattr__(self, "dtype", DataType(self.dtype))
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        # operator.index: numpy integers become Python ints (no int32 overflow later); a float
+        # or bool dimension is a TypeError instead of being truncated.
+        object.__setattr__(self, "shape", _ints(self.shape, "shape"))
         if any(d < 0 for d in self.shape):
             raise ValueError(f"negative dimension in shape {self.shape}")
         if self.strides is not None:
-            object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+            object.__setattr__(self, "strides", _ints(self.strides, "strides"))
             if len(self.strides) != len(self.shape):
                 raise ValueError(f"strides {self.strides} do not match shape {self.shape}")
 
@@ -211,6 +214,18 @@ class _Shaped:
         # Size-1 dims may carry any stride.
         want = _contiguous_strides(self.shape)
         return all(d == 1 or s == w for d, s, w in zip(self.shape, self.strides, want))
+
+
+def _ints(values: Any, what: str) -> tuple[int, ...]:
+    out = []
+    for v in values:
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError(f"{what} {tuple(values)!r}: a bool is not a dimension")
+        try:
+            out.append(operator.index(v))
+        except TypeError:
+            raise TypeError(f"{what} {tuple(values)!r}: {v!r} is not an integer") from None
+    return tuple(out)
 
 
 @dataclass(frozen=True)
