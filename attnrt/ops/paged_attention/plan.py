@@ -167,7 +167,7 @@ def workspace_layout(rows: int, v_head_size: int, splits: int) -> tuple[int, int
 
 def choose_splits(row_blocks: int, tiles: int, sm_count: int, rows: int = 0,
                   v_head_size: int = 512, cap: int | None = None, path: str = "mla",
-                  config: PagedAttentionConfig | None = None) -> int:
+                  config: PagedAttentionConfig | None = None, lo: int = 1) -> int:
     """Splits per row block minimising a modelled time (microseconds).
 
     One CTA per SM (the tile takes most of shared memory): time = waves x (tiles per split x
@@ -193,17 +193,20 @@ def choose_splits(row_blocks: int, tiles: int, sm_count: int, rows: int = 0,
         ``"mla"`` or ``"wg"``: whose cost model.
     config
         The knobs (``None``: the defaults).
+    lo
+        Smallest count considered (clamped to ``[1, min(cap, tiles)]``).
 
     Returns
     -------
     int
-        The split count, in ``[1, min(cap, tiles)]``.
+        The split count, in ``[lo, min(cap, tiles)]`` (the smallest of equal costs).
     """
     cfg = config or PagedAttentionConfig()
     c = cfg.split_cost(path)
     cap = cfg.max_splits if cap is None else cap
+    hi = max(1, min(cap, tiles))
     best, best_cost = 1, math.inf
-    for s in range(1, max(1, min(cap, tiles)) + 1):
+    for s in range(min(max(1, lo), hi), hi + 1):
         waves = -(-row_blocks * s // max(1, sm_count))
         per_cta = -(-tiles // s) * c.tile_us + c.prologue_us + (c.partial_us if s > 1 else 0.0)
         combine = (cfg.combine_launch_us + rows * s * v_head_size * 4 / cfg.combine_bytes_per_us) \
@@ -303,5 +306,9 @@ def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta:
     tiles = -(-max(span, 1) // block_n) + (1 if window >= 0 else 0)
     row_blocks = min(grid_x, g.batch * -(-max(max_q, 1) * g.heads // MLA_ROWS))
     rows = min(g.tokens, g.batch * max(max_q, 1)) * g.heads
-    return choose_splits(row_blocks, tiles, int(caps.sm_count), rows, g.v_head_size, path=path,
-                         config=config)
+    args = (tiles, int(caps.sm_count), rows, g.v_head_size)
+    grid_pick = choose_splits(row_blocks, *args, path=path, config=config)
+    # Cost the row blocks that can hold rows, never fewer splits than the grid-wide count:
+    # docs/notes/paged_attention-gap.md#6-host-side-split-rule-proposal-not-implemented
+    busy = min(row_blocks, g.tokens * -(-g.heads // MLA_ROWS))
+    return choose_splits(busy, *args, path=path, config=config, lo=grid_pick)
