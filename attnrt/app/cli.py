@@ -58,10 +58,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     info["gpu"] = reason or "available"
     devices = []
     if reason is None:
-        from ..runtime._check import check, driver
+        from ..runtime._check import driver_version
         from ..runtime.device import Device, device_count
 
-        info["driver"] = check(driver.cuDriverGetVersion(), "cuDriverGetVersion")
+        info["driver"] = driver_version()
         for i in range(device_count()):
             dev = Device(i)
             devices.append(dev.capabilities.as_dict())
