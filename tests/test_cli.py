@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -194,6 +195,8 @@ def test_warm_writes_no_carriage_return_to_a_pipe(monkeypatch, capsys):
     assert main(["warm", "--arch", "sm_80", "--jobs", "1"]) == 0  # the session cache
     err = capsys.readouterr().err
     assert "\r" not in err and "warm: 1/1 done, 0 failed" in err
+    assert re.search(r"^warm: 1 variants \(sm_80\) in \d+ s: (1 compiled, 0|0 compiled, 1) cached, 0 failed$",
+                     err, re.M), err
     assert max(map(len, err.splitlines())) <= 80
 
 

@@ -295,9 +295,8 @@ def warm(archs: Sequence[str], jobs: int = 0,
                 progress.step(msg, ok)
     if progress is not None:
         progress.end()
-        print(f"warm: {total} variants for {', '.join(archs)} in {time.perf_counter() - t0:.1f} s; "
-              f"{compiled} compiled, {hits} already cached, "
-              f"{len(errors)} failed", file=sys.stderr)
+        print(f"warm: {total} variants ({', '.join(archs)}) in {time.perf_counter() - t0:.0f} s: "
+              f"{compiled} compiled, {hits} cached, {len(errors)} failed", file=sys.stderr)
     return total - len(errors), 0, errors, advice
 
 
