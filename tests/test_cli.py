@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -16,9 +20,17 @@ from attnrt.runtime.cache import FORMAT_VERSION, CompileCache
 from attnrt.runtime.errors import PerformanceWarning
 
 
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def _limit_memory() -> None:  # a reader that allocates without bound fails fast, not the machine
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600,
+            limit_memory: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "attnrt.app.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+                          env={**os.environ, **(env or {})}, timeout=timeout,
+                          preexec_fn=_limit_memory if limit_memory else None)
 
 
 def test_doctor_runs_and_reports(tmp_path):
@@ -102,6 +114,175 @@ def test_warm_reports_ptxas_performance_advisories(tmp_path, monkeypatch, capsys
     assert main(["warm", "--arch", "sm_80", "--strict"]) == 0
 
 
-def test_warm_rejects_a_bad_arch():
-    with pytest.raises(ValueError, match="arch must look like"):
-        main(["warm", "--arch", "ampere"])
+def _bad_archs() -> dict[str, tuple[str, str]]:
+    supported = compiler.supported_archs()
+    out = {"not-an-arch": ("ampere", "arch must look like"),
+           "newer-than-nvrtc": (f"sm_{supported[-1] + 100}", "is not a target of NVRTC"),
+           "older-than-nvrtc": ("sm_20", "is not a target of NVRTC"),
+           "no-kernel": ("sm_90", "no registered kernel runs on sm_90")}  # min_arch 100 below
+    return out
+
+
+@pytest.mark.parametrize("case", ["not-an-arch", "newer-than-nvrtc", "older-than-nvrtc", "no-kernel"])
+def test_warm_rejects_a_bad_arch_with_one_error(tmp_path, monkeypatch, capsys, case):
+    arch, message = _bad_archs()[case]
+    monkeypatch.setenv("ATTNRT_CACHE_DIR", str(tmp_path))
+    if case == "no-kernel":  # an arch NVRTC has, below every variant's minimum
+        from attnrt.ops import index_share
+
+        v = next(x for x in index_share.compile_variants() if x.min_arch <= 80)
+        late = dataclasses.replace(v, min_arch=100)
+        monkeypatch.setattr(cli, "_variants", lambda: [("pkg.nxrt::IndexShare", late)])
+
+    def no_pool(*a, **k):
+        raise AssertionError("warm started compiling")
+
+    monkeypatch.setattr(cli, "ProcessPoolExecutor", no_pool)
+    good = [] if case == "no-kernel" else ["--arch", "sm_80"]  # a good arch does not hide a bad one
+    assert main(["warm", *good, "--arch", arch]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("attnrt warm: error: ")
+    assert message in err and arch in err
+    with pytest.raises(ValueError, match=message):
+        cli.warm([arch], quiet=True)
+    assert not any(tmp_path.iterdir())
+
+
+def test_check_archs_dedupes_and_keeps_the_suffix():
+    from attnrt.ops import index_share
+
+    variants = [("x", v) for v in index_share.compile_variants()]
+    assert cli.check_archs(["sm_90", "90", "sm_80", "sm_90a", "sm_90"], variants) == ["sm_90", "sm_80",
+                                                                                      "sm_90a"]
+    assert cli.check_archs([], variants) == []
+
+
+# -- the progress line ---------------------------------------------------------------------------
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+@pytest.mark.parametrize("tty", [False, True], ids=["pipe", "terminal"])
+def test_progress_fits_80_columns_and_uses_cr_only_on_a_terminal(tty, monkeypatch):
+    wide = os.terminal_size((200, 50))
+    monkeypatch.setattr(cli.shutil, "get_terminal_size", lambda fallback=(80, 24): wide)
+    stream = _Stream(tty)
+    p = cli._Progress(23, stream)
+    long = "attention_fwd.cu sm_90a " + " ".join(f"-DOPTION_{i}=12345" for i in range(12)) + " (3.2 s)"
+    for i in range(23):
+        p.step(long if i % 5 else "FAILED: " + long, ok=bool(i % 5))
+    p.end()
+    text = stream.getvalue()
+    assert ("\r" in text) is tty
+    lines = [seg for line in text.split("\n") for seg in line.split("\r")]
+    assert lines and max(map(len, lines)) <= 80, max(lines, key=len)
+    if not tty:  # one line per tenth of the work, plus one per failure
+        assert text.count("done,") == 10 and text.count("FAILED") == 5
+        assert text.rstrip("\n").splitlines()[-1] == "warm: 23/23 done, 5 failed"
+
+
+def test_warm_writes_no_carriage_return_to_a_pipe(monkeypatch, capsys):
+    from attnrt.ops import index_share
+
+    v = next(x for x in index_share.compile_variants() if x.min_arch <= 80)
+    monkeypatch.setattr(cli, "_variants", lambda: [("pkg.nxrt::IndexShare", v)])
+    assert main(["warm", "--arch", "sm_80", "--jobs", "1"]) == 0  # the session cache
+    err = capsys.readouterr().err
+    assert "\r" not in err and "warm: 1/1 done, 0 failed" in err
+    assert re.search(r"^warm: 1 variants \(sm_80\) in \d+ s: (1 compiled, 0|0 compiled, 1) cached, 0 failed$",
+                     err, re.M), err
+    assert max(map(len, err.splitlines())) <= 80
+
+
+# -- help, --json, options, broken pipes ----------------------------------------------------------
+
+def test_every_subcommand_and_option_has_help():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {c.dest: c.help for c in sub._choices_actions}
+    assert set(helps) == set(sub.choices) == {"doctor", "cache", "warm", "demo"}
+    assert all(helps.values()), helps
+    for name, sp in sub.choices.items():
+        missing = [a.dest for a in sp._actions if not isinstance(a, argparse._HelpAction) and not a.help]
+        assert not missing, f"{name}: options without help: {missing}"
+        assert "usage:" in sp.format_help()
+
+
+def test_cache_ls_shows_options_and_json(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ATTNRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("attnrt.runtime.cache._default", None)
+    src = 'extern "C" __global__ void k(int* x) { x[0] = VALUE; }\n'
+    CompileCache(tmp_path, disk=True).get(src, "opts.cu", "sm_80", ["-DVALUE=7", "-DALPHA=1"])
+    assert main(["cache", "ls"]) == 0
+    out = capsys.readouterr().out
+    assert "opts.cu" in out and "-DALPHA=1 -DVALUE=7" in out and "1 entries" in out
+    assert main(["cache", "ls", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    [e] = info["entries"]
+    assert (e["name"], e["arch"], e["options"]) == ("opts.cu", "sm_80", ["-DALPHA=1", "-DVALUE=7"])
+    assert info["problems"] == []
+    assert main(["cache", "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["entries"], stats["by_arch"], stats["dir"]) == (1, {"sm_80": 1}, str(tmp_path))
+    assert main(["cache", "stats"]) == 0
+    human = capsys.readouterr().out
+    assert "1 entries" in human and "sm_80" in human and not human.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("args", [("doctor",), ("cache", "ls"), ("doctor", "--json")])
+def test_a_closed_pipe_exits_quietly(args, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "attnrt.app.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, "ATTNRT_CACHE_DIR": str(tmp_path)})
+    proc.stdout.close()  # the reader is gone before the first line (`| head -0`)
+    _out, err = proc.communicate(timeout=300)
+    assert err.decode() == "" and proc.returncode == 141
+
+
+# -- a cache directory with anything in it -------------------------------------------------------
+
+def test_cli_survives_any_directory_content(tmp_path):
+    from tests.test_cache_hardening import _hostile
+
+    env = {"ATTNRT_CACHE_DIR": str(tmp_path / "c")}
+    c = CompileCache(tmp_path / "c", disk=True)
+    src = 'extern "C" __global__ void k(int* x) { x[0] = A; }\n'
+    c.get(src, "good.cu", "sm_80", ["-DA=1"])
+    key = c.key(src, "sm_80", ["-DA=1"])
+    kinds = _hostile(c)
+    for args in (["cache", "ls"], ["cache", "stats"]):
+        res = run_cli(*args, env=env, timeout=120, limit_memory=True)
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "1 entries" in res.stdout and f"{len(kinds)} items are not valid" in res.stdout
+        assert "a FIFO" in res.stdout and "a directory" in res.stdout and "a socket" in res.stdout
+    info = json.loads(run_cli("cache", "ls", "--json", env=env, timeout=120, limit_memory=True).stdout)
+    assert len(info["entries"]) == 1 and len(info["problems"]) == len(kinds)
+    doc = run_cli("doctor", "--json", env={**env, "ATTNRT_CACHE": "0"}, timeout=120, limit_memory=True)
+    assert doc.returncode == 0, doc.stderr[-3000:]
+    assert json.loads(doc.stdout)["cache"] | {} == {"dir": env["ATTNRT_CACHE_DIR"], "disk_enabled": False,
+                                                    "entries": 1, "bytes": c.path_for(key).stat().st_size,
+                                                    "problems": len(kinds)}
+    res = run_cli("cache", "verify", env=env, timeout=120, limit_memory=True)
+    assert res.returncode == 1 and "1 valid, 6 bad" in res.stdout, res.stderr[-3000:]
+    assert all(str(p) in res.stdout for p in kinds.values())
+    res = run_cli("cache", "clear", env=env, timeout=120, limit_memory=True)
+    assert res.returncode == 0 and "removed 7 entries" in res.stdout, res.stderr[-3000:]
+    assert not any(os.path.lexists(p) for p in kinds.values())
+
+
+def test_verify_remove_deletes_directory_entries(tmp_path):
+    from tests.test_cache_hardening import _hostile
+
+    env = {"ATTNRT_CACHE_DIR": str(tmp_path / "c")}
+    kinds = _hostile(CompileCache(tmp_path / "c", disk=True))
+    res = run_cli("cache", "verify", "--remove", env=env, timeout=120, limit_memory=True)
+    assert res.returncode == 0 and "0 valid, 6 bad" in res.stdout, res.stderr[-3000:]
+    assert "(removed)" in res.stdout and "a directory" in res.stdout
+    assert not any(os.path.lexists(p) for p in kinds.values())
+    res = run_cli("cache", "verify", env=env, timeout=120, limit_memory=True)
+    assert res.stdout.strip() == "0 valid, 0 bad"

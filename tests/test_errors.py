@@ -222,3 +222,18 @@ def test_latch_registry_and_decode_without_a_device():
     assert 64 not in latch.names
     # Each latch has its own registry.
     assert 2**31 not in Latch(None, 0).names
+
+
+def test_status_helpers_answer_without_raising():
+    ok = _check.driver.CUresult.CUDA_SUCCESS
+    bad = _check.driver.CUresult.CUDA_ERROR_INVALID_VALUE
+    assert _check.succeeded((ok,)) and _check.succeeded((ok, 7))
+    assert not _check.succeeded((bad, None))
+    assert _check.value_or_none((ok, 7)) == 7
+    assert _check.value_or_none((ok, 7, 8)) == (7, 8)
+    assert _check.value_or_none((bad, 7)) is None
+    assert _check.failed_with((bad, None), "CUDA_ERROR_INVALID_VALUE")
+    assert not _check.failed_with((ok, 1), "CUDA_ERROR_INVALID_VALUE")
+    assert not _check.failed_with((bad,), "CUDA_ERROR_OUT_OF_MEMORY")
+    with pytest.raises(AttributeError):
+        _check.failed_with((bad,), "CUDA_ERROR_NO_SUCH_NAME")

@@ -250,3 +250,46 @@ def test_ptx_param_count_reads_the_entry_signature():
     assert ptx_param_count(ptx, "none") == 0
     assert ptx_param_count(ptx, "six") == 6
     assert ptx_param_count(ptx, "absent") is None
+
+
+class _ProbeDriver:
+    """The two calls ``Function.params`` makes, answered from a fixed layout (no GPU)."""
+
+    def __init__(self, layout, with_count: bool):
+        from attnrt.runtime import _check
+
+        self.layout, self.calls = list(layout), []
+        self._ok = _check.driver.CUresult.CUDA_SUCCESS
+        self._bad = _check.driver.CUresult.CUDA_ERROR_INVALID_VALUE
+        if with_count:
+            self.cuKernelGetParamCount = lambda handle: (self._ok, len(self.layout))
+
+    def cuKernelGetParamInfo(self, handle, i):
+        self.calls.append(i)
+        return (self._ok, *self.layout[i]) if i < len(self.layout) else (self._bad, 0, 0)
+
+
+@pytest.mark.parametrize("with_count", [True, False], ids=["count", "probe"])
+def test_params_from_the_driver_with_and_without_a_count(monkeypatch, with_count):
+    from attnrt.runtime import launch
+
+    layout = [(0, 8), (8, 4), (16, 8)]
+    fake = _ProbeDriver(layout, with_count)
+    monkeypatch.setattr(launch, "driver", fake)
+    fn = Function(handle=0xF00D, name="k", module_name="m", max_optin_shared=1 << 16)
+    assert fn.params == tuple(layout)
+    # Without cuKernelGetParamCount the probe stops at the first CUDA_ERROR_INVALID_VALUE.
+    assert fake.calls == ([0, 1, 2] if with_count else [0, 1, 2, 3])
+
+
+def test_params_probe_raises_on_other_errors(monkeypatch):
+    from attnrt.runtime import _check, launch
+    from attnrt.runtime.errors import CudaError
+
+    fake = _ProbeDriver([(0, 8)], with_count=False)
+    oom = _check.driver.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+    fake.cuKernelGetParamInfo = lambda handle, i: (oom, 0, 0)
+    monkeypatch.setattr(launch, "driver", fake)
+    fn = Function(handle=0xF00D, name="k", module_name="m", max_optin_shared=1 << 16)
+    with pytest.raises(CudaError, match="CUDA_ERROR_OUT_OF_MEMORY"):
+        _ = fn.params

@@ -11,8 +11,8 @@ from cuda.bindings import driver, nvrtc
 
 from .errors import CudaError
 
-__all__ = ["check", "check_nvrtc", "driver", "nvrtc", "load_driver", "driver_missing_reason",
-           "fast_driver", "FastDriver"]
+__all__ = ["check", "check_nvrtc", "succeeded", "value_or_none", "failed_with", "driver", "nvrtc",
+           "load_driver", "driver_missing_reason", "driver_version", "fast_driver", "FastDriver"]
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NVRTC_SUCCESS = nvrtc.nvrtcResult.NVRTC_SUCCESS
@@ -35,6 +35,31 @@ def check(result: tuple, call: str) -> Any:
     if err != _SUCCESS:
         raise _driver_error(err, call)
     return _unwrap(result[1:])
+
+
+def succeeded(result: tuple) -> bool:
+    """Whether a driver result tuple reports ``CUDA_SUCCESS`` (its values left alone)."""
+    return result[0] == _SUCCESS
+
+
+def value_or_none(result: tuple) -> Any:
+    """Unwrap a driver result tuple like :func:`check`, but ``None`` instead of raising.
+
+    For calls whose failure is an answer rather than an error (an optional query, a cleanup
+    that may find nothing to clean up).
+    """
+    return _unwrap(result[1:]) if succeeded(result) else None
+
+
+def failed_with(result: tuple, name: str) -> bool:
+    """Whether a driver result tuple failed with the ``CUresult`` called ``name``.
+
+    Raises
+    ------
+    AttributeError
+        ``name`` is not a ``CUresult`` member (a typo, not a driver answer).
+    """
+    return result[0] == getattr(driver.CUresult, name)
 
 
 def _driver_error(err: Any, call: str) -> CudaError:
@@ -98,6 +123,18 @@ def driver_missing_reason() -> str | None:
     if count == 0:
         return "no usable CUDA device: the driver reports 0 devices"
     return None
+
+
+def driver_version() -> int:
+    """The driver's CUDA version as ``1000 * major + 10 * minor`` (``cuDriverGetVersion``).
+
+    Raises
+    ------
+    CudaError
+        The call fails (e.g. no driver library).
+    """
+    load_driver()
+    return int(check(driver.cuDriverGetVersion(), "cuDriverGetVersion"))
 
 
 class FastDriver:

@@ -20,6 +20,19 @@ An entry that is truncated, corrupt, of another format or for another key is a m
 it is recompiled and rewritten, never an exception. Disk errors (read-only directory,
 full disk) degrade to compiling without the disk layer.
 
+Whatever else a cache directory holds (directories, FIFOs, sockets, symlinks, unreadable or
+huge files where entries should be) is a miss for readers and a reported item for
+``attnrt cache ls|verify|clear``: only regular files are opened, never through a symlink,
+and no more is read than an entry's header declares (see :mod:`._cachefs`).
+
+Sharing a cache: entries are written 0644 and directories 0755, less the writer's umask,
+so with the usual umask 022 a cache warmed by one user (``attnrt warm --arch sm_90``) is
+read by every user who points ``ATTNRT_CACHE_DIR`` at it; a user who cannot write there
+still gets hits and compiles misses in memory (with one warning). For a cache that a group
+writes, make its top directory group-owned, setgid and group-writable (``chmod 2775``)
+and give the writers umask 002: new subdirectories take the group-write bit of their
+parent. With umask 077 nothing written is readable by others.
+
 Environment: ``ATTNRT_CACHE_DIR`` (default: platformdirs' user cache dir for ``attnrt``),
 ``ATTNRT_CACHE=0`` disables the disk layer.
 """
@@ -29,8 +42,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
-import tempfile
 import threading
 import time
 import warnings
@@ -38,16 +51,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import compiler
+from . import _cachefs, compiler
 from .compiler import Compiled
 
 __all__ = ["FORMAT_VERSION", "CacheStats", "CacheEntry", "CompileCache", "default_cache",
            "cache_key", "default_cache_dir"]
 
+#: ``(path, why)``: an item of the cache directory that is not a valid entry.
+Problem = tuple[Path, str]
+
 FORMAT_VERSION = 2  # 2: the meta keeps NVRTC's log
 MAGIC = b"NXRTCACHE\x01"
 _SUFFIX = ".nxc"
 _DIGEST = 32
+_HEAD = len(MAGIC) + 4
+_MAX_META = 16 << 20  # NVRTC logs are kilobytes
+_ENTRY_NAME = re.compile(r"^([0-9a-f]{2})[0-9a-f]{62}" + re.escape(_SUFFIX) + "$")
 
 
 def default_cache_dir() -> Path:
@@ -117,17 +136,41 @@ class CacheEntry:
     nvrtc: str
     nbytes: int
     created: float
+    options: tuple[str, ...] | None = None  # None: written before entries recorded them
 
 
-def _encode(key: str, compiled: Compiled, name: str) -> bytes:
+def _encode(key: str, compiled: Compiled, name: str, options: Sequence[str] = ()) -> bytes:
     meta = json.dumps({
         "format": FORMAT_VERSION, "key": key, "name": name, "arch": compiled.arch,
+        "options": sorted(str(o) for o in options),
         "nvrtc": list(compiler.nvrtc_version()), "cubin_len": len(compiled.cubin),
         "ptx_len": len(compiled.ptx), "compile_seconds": compiled.seconds,
         "created": time.time(), "log": compiled.log,
     }, sort_keys=True).encode()
     body = MAGIC + struct.pack("<I", len(meta)) + meta + compiled.cubin + compiled.ptx
     return body + hashlib.sha256(body).digest()
+
+
+def _entry_length(prefix: bytes) -> int | None:
+    """The length the entry starting with ``prefix`` declares, as far as ``prefix`` tells
+    (for :func:`._cachefs.read_regular`); ``None`` when it cannot be an entry."""
+    if len(prefix) < _HEAD:
+        return _HEAD
+    if not prefix.startswith(MAGIC):
+        return None
+    (mlen,) = struct.unpack_from("<I", prefix, len(MAGIC))
+    if mlen > _MAX_META:
+        return None
+    if len(prefix) < _HEAD + mlen:
+        return _HEAD + mlen
+    try:
+        meta = json.loads(prefix[_HEAD:_HEAD + mlen])
+        clen, plen = int(meta["cubin_len"]), int(meta["ptx_len"])
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+        return None
+    if clen < 0 or plen < 0:
+        return None
+    return _HEAD + mlen + clen + plen + _DIGEST
 
 
 def _decode(data: bytes, key: str | None) -> tuple[dict, Compiled] | None:
@@ -150,7 +193,7 @@ def _decode(data: bytes, key: str | None) -> tuple[dict, Compiled] | None:
         compiled = Compiled(cubin=body[start:start + clen], ptx=body[start + clen:start + clen + plen],
                             arch=str(meta.get("arch", "")), log=str(meta.get("log", "")),
                             seconds=float(meta.get("compile_seconds", 0.0)))
-    except (ValueError, KeyError, TypeError, OverflowError, AttributeError):
+    except (ValueError, KeyError, TypeError, OverflowError, AttributeError, RecursionError):
         return None
     return meta, compiled
 
@@ -214,108 +257,130 @@ class CompileCache:
             self.stats.compile_seconds += compiled.seconds
             self._memory[key] = compiled
         if self.disk:
-            self._store(key, compiled, name)
+            self._store(key, compiled, name, options)
         compiler.warn_performance_loss(name, arch, compiled.log)  # stored first, as a disk hit
         return compiled
 
     # -- disk ---------------------------------------------------------------------------
     def _load(self, key: str) -> Compiled | None:
-        path = self.path_for(key)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError:
-            return None
-        parsed = _decode(data, key)
+        data, why = _cachefs.read_regular(self.path_for(key), _entry_length)
+        parsed = None if data is None else _decode(data, key)
         if parsed is None:
-            with self._lock:
-                self.stats.bad_entries += 1
+            if why != "missing":
+                with self._lock:
+                    self.stats.bad_entries += 1
             return None
         return parsed[1]
 
-    def _store(self, key: str, compiled: Compiled, name: str) -> None:
+    def _store(self, key: str, compiled: Compiled, name: str, options: Sequence[str] = ()) -> None:
         path = self.path_for(key)
-        tmp = None
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=_SUFFIX)
-            with os.fdopen(fd, "wb") as f:
-                f.write(_encode(key, compiled, name))
-            os.replace(tmp, path)
-            tmp = None
+            _cachefs.write_atomic(path, _encode(key, compiled, name, options))
             with self._lock:
                 self.stats.writes += 1
         except OSError as exc:
             with self._lock:
                 self.stats.write_errors += 1
             warnings.warn(f"attnrt: could not write compile cache entry {path}: {exc}", stacklevel=3)
-        finally:
-            if tmp is not None:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
 
-    def _files(self) -> Iterator[Path]:
-        """Published entries (in-flight ``.tmp-`` files of concurrent writers are not entries)."""
-        if self.root.is_dir():
-            yield from sorted(p for p in self.root.glob(f"*/*{_SUFFIX}") if not p.name.startswith(".tmp-"))
+    def _scan(self) -> Iterator[tuple[Path, str, tuple[dict, Compiled] | None, int]]:
+        """Every item of this format's directory: (path, why it is no valid entry or "",
+        the decoded entry or None, its size in bytes)."""
+        for p, why in _cachefs.walk(self.root):
+            if why:
+                yield p, why, None, 0
+                continue
+            m = _ENTRY_NAME.match(p.name)
+            data, why = _cachefs.read_regular(p, _entry_length)
+            if not why and (m is None or m.group(1) != p.parent.name):
+                why = "not an entry name"
+            parsed = _decode(data, p.name[: -len(_SUFFIX)]) if data is not None and not why else None
+            if parsed is None and not why:
+                why = "corrupt (checksum, format or key)"
+            yield p, why, parsed, 0 if data is None else len(data)
 
     def entries(self) -> list[CacheEntry]:
-        """Valid entries on disk (invalid ones are skipped; see :meth:`verify`)."""
-        out = []
-        for p in self._files():
-            try:
-                data = p.read_bytes()
-            except OSError:
-                continue
-            parsed = _decode(data, p.name[: -len(_SUFFIX)])
+        """Valid entries on disk (anything else is skipped; see :meth:`listing`)."""
+        return self.listing()[0]
+
+    def listing(self) -> tuple[list[CacheEntry], list[Problem]]:
+        """Valid entries on disk, and every other item of the directory with why it is none
+        (as :meth:`audit` reports them); reads each file once and never raises for what
+        the directory holds."""
+        out, problems = [], []
+        for p, why, parsed, nbytes in self._scan():
             if parsed is None:
+                problems.append((p, why))
                 continue
             meta = parsed[0]
-            out.append(CacheEntry(p, meta["key"], meta.get("name", ""), meta.get("arch", ""),
-                                  ".".join(map(str, meta.get("nvrtc", []))), len(data),
-                                  float(meta.get("created", 0.0))))
-        return out
+            opts = meta.get("options")
+            out.append(CacheEntry(p, meta["key"], str(meta.get("name", "")), str(meta.get("arch", "")),
+                                  ".".join(map(str, meta.get("nvrtc", []))), nbytes,
+                                  float(meta.get("created", 0.0)),
+                                  tuple(map(str, opts)) if isinstance(opts, list) else None))
+        return out, problems
 
-    def verify(self, remove: bool = False) -> tuple[int, list[Path]]:
-        """Check every entry's checksum and key; returns (valid count, bad paths)."""
+    def audit(self, remove: bool = False) -> tuple[int, list[Problem]]:
+        """Check every item of the cache directory; returns (valid entries, problems).
+
+        A problem is ``(path, why)``: a corrupt or foreign entry, or a directory, FIFO,
+        socket, symlink or unreadable file where an entry should be. With ``remove`` each is
+        deleted (a directory with its contents; a link, not its target); one that cannot be
+        says so in its ``why``. Never raises for what the directory holds.
+        """
         good, bad = 0, []
-        for p in self._files():
-            try:
-                ok = _decode(p.read_bytes(), p.name[: -len(_SUFFIX)]) is not None
-            except OSError:
-                ok = False
-            if ok:
+        for p, why, parsed, _n in self._scan():
+            if parsed is not None:
                 good += 1
                 continue
-            bad.append(p)
             if remove:
-                p.unlink(missing_ok=True)
+                failed = _cachefs.remove(p)
+                why = f"{why}; {failed}" if failed else why
+            bad.append((p, why))
         return good, bad
 
+    def verify(self, remove: bool = False) -> tuple[int, list[Path]]:
+        """Check every entry's checksum and key; returns (valid count, bad paths).
+
+        :meth:`audit` also says why each path is bad.
+        """
+        good, bad = self.audit(remove)
+        return good, [p for p, _why in bad]
+
     def size_bytes(self) -> int:
+        """Bytes in this format's regular files (links are not followed)."""
         total = 0
-        for p in self._files():
+        for p, why in _cachefs.walk(self.root):
             try:
-                total += p.stat().st_size
+                st = os.lstat(p)
             except OSError:  # removed by another process meanwhile
-                pass
+                continue
+            if not why and _cachefs.kind(st.st_mode) == "a regular file":
+                total += st.st_size
         return total
+
+    def purge(self) -> tuple[int, list[Problem]]:
+        """Remove every item of the cache (disk and memory), entries of older cache formats
+        (``v1/`` ...) too; returns (items removed, those that could not be)."""
+        paths = [p for p, _why in _cachefs.walk(self.root)]
+        for d in sorted(self.directory.glob("v[0-9]*")):
+            if d != self.root and d.is_dir() and not d.is_symlink():
+                paths += [p for p, why in _cachefs.walk(d) if not why and p.name.endswith(_SUFFIX)]
+        n, failed = 0, []
+        for p in paths:
+            why = _cachefs.remove(p)
+            if why:
+                failed.append((p, why))
+            else:
+                n += 1
+        with self._lock:
+            self._memory.clear()
+        return n, failed
 
     def clear(self) -> int:
         """Remove every entry (disk and memory), those of older cache formats (``v1/`` ...)
-        too; returns the number of files removed."""
-        n = 0
-        old = (p for d in sorted(self.directory.glob("v[0-9]*")) if d != self.root and d.is_dir()
-               for p in d.glob(f"*/*{_SUFFIX}"))
-        for p in [*self._files(), *old]:
-            p.unlink(missing_ok=True)
-            n += 1
-        with self._lock:
-            self._memory.clear()
-        return n
+        too; returns the number of items removed (see :meth:`purge`)."""
+        return self.purge()[0]
 
 
 _default: CompileCache | None = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING, Any
 
-from ._check import check, driver
+from ._check import check, driver, succeeded
 from .errors import CaptureError, CudaError
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class Graph:
         self._rt.device.make_current()
         clone = check(driver.cuGraphClone(other._graph), "cuGraphClone")
         res = driver.cuGraphExecUpdate(self._exec, clone)
-        if res[0] == driver.CUresult.CUDA_SUCCESS:
+        if succeeded(res):
             # Keep the graph the instance now matches, so a later update *from* this graph
             # hands on the new parameters.
             check(driver.cuGraphDestroy(self._graph), "cuGraphDestroy")

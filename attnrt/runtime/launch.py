@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._check import check, driver
+from ._check import check, driver, failed_with, value_or_none
 
 __all__ = ["Function", "LaunchConfig", "reduction_launch_config", "dim3",
            "i32", "u32", "i64", "u64", "f32", "f64"]
@@ -91,7 +91,8 @@ def _param_count(handle: Any) -> int | None:
         res = fn(handle)
     except Exception:  # the binding exists but the driver lacks the symbol
         return None
-    return int(res[1]) if res[0] == driver.CUresult.CUDA_SUCCESS else None
+    count = value_or_none(res)
+    return None if count is None else int(count)
 
 
 def ptx_param_count(ptx: bytes | str, entry: str) -> int | None:
@@ -151,7 +152,7 @@ class Function:
             out = []
             while count is None or len(out) < count:
                 res = driver.cuKernelGetParamInfo(self.handle, len(out))
-                if count is None and res[0] == driver.CUresult.CUDA_ERROR_INVALID_VALUE:
+                if count is None and failed_with(res, "CUDA_ERROR_INVALID_VALUE"):
                     break  # older drivers: probed one past the last parameter
                 out.append(check(res, f"cuKernelGetParamInfo({self.name}, {len(out)})"))
             self._params = tuple((int(o), int(s)) for o, s in out)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import compiler, memory
-from ._check import check, driver, fast_driver
+from ._check import check, driver, fast_driver, value_or_none
 from .cache import CompileCache, default_cache
 from .device import Capabilities, Device
 from .errors import CaptureError
@@ -418,7 +418,7 @@ class CudaRuntime:
         self.device.make_current()
         res = driver.cuStreamEndCapture(self.stream.handle)
         # An invalidated capture ends with an error but still leaves capture mode.
-        if res[0] == driver.CUresult.CUDA_SUCCESS and res[1] is not None:
+        if value_or_none(res) is not None:
             driver.cuGraphDestroy(res[1])
 
     @contextlib.contextmanager
