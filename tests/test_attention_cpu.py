@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 import os
+import pickle
 import re
 from concurrent.futures import ProcessPoolExecutor
 from types import SimpleNamespace
@@ -723,3 +725,38 @@ def test_wg_schedule_choice():
     no_causal = AttentionConfig(wg_causal={})
     assert attention.wg_sched(128, True, no_causal) == attention.WG_BUILD[128][0]
     assert attention.wg_sched(128, True) == attention.WG_CAUSAL[128][0]  # nothing was mutated
+
+
+# ------------------------------------------------------------------ AttentionConfig
+def test_config_is_data():
+    """The knobs are a frozen, picklable value; tables normalise; bad values are refused."""
+    cfg = AttentionConfig(path="wg", wg_max_ctas=3, wg_build={128: (6, 128, 1), 64: [7, 128, 1]})
+    assert cfg.wg_build == ((64, (7, 128, 1)), (128, (6, 128, 1)))
+    assert pickle.loads(pickle.dumps(cfg)) == cfg and hash(cfg) == hash(pickle.loads(pickle.dumps(cfg)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.path = "auto"  # type: ignore[misc]
+    assert AttentionConfig() == AttentionConfig(wg_build=attention.WG_BUILD)
+    for bad in ({"decode_path": "fast"}, {"wg_max_ctas": 0}, {"num_splits": 65536}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            AttentionConfig(**bad)
+
+
+@pytest.mark.parametrize("cap", [None, 3, 7])
+def test_wg_max_ctas_caps_the_persistent_grid(cap):
+    """A kernel built with ``wg_max_ctas`` launches at most that many CTAs, and its plan
+    shows the config; the shipped tables are untouched."""
+    from tests._fakes import FakeRuntime as Fake  # the fuzz suites' fake: no PTX checks
+
+    rt = Fake()  # sm_90, 132 SMs
+    B, H, Hkv, Sq, Sk, D = 3, 8, 2, 999, 1001, 128
+    n = node(num_heads=H, kv_num_heads=Hkv, causal=1)
+    ins = [rt.view((B, H, Sq, D), BF16), rt.view((B, Hkv, Sk, D), BF16),
+           rt.view((B, Hkv, Sk, D), BF16)]
+    out = rt.view((B, H, Sq, D), BF16, mut=True)
+    cfg = AttentionConfig(path="wg", wg_max_ctas=cap)
+    kern = AttentionKernel(rt, n, cfg)
+    assert kern.workspace_requirement([t.meta for t in ins]).nbytes == 0
+    kern.execute(ins, [out])
+    items = B * Hkv * -(-(H // Hkv) * Sq // 128)
+    assert rt.launches[-1].grid == (min(items, 132, cap or items), 1, 1)
+    assert kern.last_plan.config is cfg and f"wg_max_ctas={cap}" in repr(kern.last_plan)
