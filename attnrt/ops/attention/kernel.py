@@ -99,16 +99,16 @@ class AttentionKernel:
     config
         The knobs: path, split count, decode merge, build tables (None: the defaults).
 
+    Raises
+    ------
+    KernelError
+        An attribute is invalid.
+
     Notes
     -----
     The ``decode`` path's memory merge keeps its split counters in a small zeroed pool
     (docs/notes/attention.md#decode-counters); :meth:`close` frees it. ``last_plan`` is the
     plan of the latest :meth:`execute`.
-
-    Raises
-    ------
-    KernelError
-        An attribute is invalid.
     """
 
     def __init__(self, rt: Any, node: Node, config: AttentionConfig | None = None) -> None:
