@@ -3,28 +3,29 @@
 
 Compares ``path="fused"`` (the mma.sync kernel ``tc``), ``path="wg"`` (the sm_90a wgmma
 kernel, compute capability 9.0 only) in each main-loop schedule of attention_wg.cu
-(``NXRT_WG_SCHED``: impl ``wg`` = schedule 0 as attention.py builds it today, ``wg-s1``,
+(``NXRT_WG_SCHED``: impl ``wg`` = the shipped builds, ``wg-s1``,
 ``wg-s2``, ... = the other schedules, see :data:`WG_SCHEDULES`) and, when torch is
 importable, torch SDPA's flash and cuDNN backends, on D 64/128, (B, H, S) in
 {(8, 32, 1024), (2, 32, 4096), (1, 32, 8192)}, causal and not (TFLOP/s = 4·B·H·S²·D / time,
 halved for causal), bf16 (``--dtypes bf16,f16`` adds the f16 rows).
 
 Each of our impls runs in its own worker process (a schedule that faults or hangs costs only
-its own cells; a hang ends that impl's column). A ``wg-sN`` worker points attention.py's
-``WG_BUILD`` (from which its variant, threads and shared memory follow) at schedule N
-for its own process only (what adopting it in attention.py would do). A worker first checks its
-path on small odd shapes (:data:`CHECKS`: f16 and bf16, MHA/GQA/MQA, causal with Sq < Sk and
-Sq > Sk, windows, softcap, masks, forced splits, D 64/128) against the float64 reference (relative
-Frobenius <= 1e-2 bf16, 2e-3 f16), then times every sweep case as graph replays of
-``execute`` (CUDA events, median of ``--reps``) and spot-checks a few output rows of each
-against float64. Every variant is compiled up front in parallel into the shared compile cache.
+its own cells; a hang ends that impl's column). A ``wg-sN`` worker runs its kernels under an
+``AttentionConfig`` whose ``wg_build`` (from which the variant, threads and shared memory
+follow) names schedule N for every head dim (what adopting it as the shipped build would
+do). A worker first checks its path on small odd shapes (:data:`CHECKS`: f16 and bf16,
+MHA/GQA/MQA, causal with Sq < Sk and Sq > Sk, windows, softcap, masks, forced splits, D 64/128)
+against the float64 reference (relative Frobenius <= 1e-2 bf16, 2e-3 f16), then times every
+sweep case as graph replays of ``execute`` (CUDA events, median of ``--reps``) and
+spot-checks a few output rows of each against float64. Every variant is compiled up front in
+parallel into the shared compile cache.
 The table is printed last; ``--out DIR`` also writes ``DIR/sweep_attention.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -33,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +67,7 @@ CHECKS: list[tuple[str, int, int, int, int, int, int, dict, int, int | None]] = 
 #: attention_wg.cu schedules (``NXRT_WG_SCHED``): keys per tile (BN), K/V ring stages and,
 #: per head dim, ``MIN_BLOCKS`` (resident CTAs per SM the registers are bounded for; NVRTC
 #: 13 ptxas, no spills: 0: 126/158 registers at D64/D128, 1: 126/168, 2 and 3: 198/205).
-#: attention.py's ``WG_BUILD`` picks one schedule per head dim (impl ``wg``); ``wg-sN`` forces N.
+#: the shipped ``WG_BUILD`` picks one schedule per head dim (impl ``wg``); ``wg-sN`` forces N.
 #: 1: S(t+1) and P(t)V(t) in flight under softmax(t+1) (FA3 intra-warpgroup overlap);
 #: 2: 1 with 128-key tiles (S by m64n128k16); 3: 2 with three K/V stages;
 #: 4: FA3 warp specialisation, 384 threads: a cp.async producer warpgroup (setmaxnreg 40)
@@ -77,9 +77,9 @@ CHECKS: list[tuple[str, int, int, int, int, int, int, dict, int, int | None]] = 
 #: K/V stages; 6: 4 as a persistent kernel (one CTA per SM looping over the work items; the
 #: producer streams the next item's Q and first tiles under the consumers' last P V and
 #: store); 7: 6 with the items dealt longest first in snake order (causal balance). Threads,
-#: stages and shared memory follow from the schedule number in attention.py (``wg_threads``,
+#: stages and shared memory follow from the schedule number in attention/builds.py (``wg_threads``,
 #: ``wg_smem_bytes``). A ``wg-sN`` impl runs schedule N for every call (``WG_CAUSAL`` and
-#: ``WG_LONG`` emptied; ``wg-sNkK``: with K keys per tile); impl ``wg`` runs attention.py's
+#: ``WG_LONG`` emptied; ``wg-sNkK``: with K keys per tile); impl ``wg`` runs the shipped
 #: choice (``WG_BUILD``, ``WG_CAUSAL``, ``WG_LONG``).
 WG_SCHEDULES: dict[int, dict[str, Any]] = {
     0: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
@@ -95,7 +95,7 @@ PEERS = ("flash", "cudnn")
 
 
 def sched_build(sched: int, keys: int | None = None) -> dict[int, tuple[int, int, int]]:
-    """attention.py's ``WG_BUILD`` with every head dim at schedule ``sched`` (``keys`` per
+    """the shipped ``WG_BUILD`` with every head dim at schedule ``sched`` (``keys`` per
     tile: the schedule's own when None).
 
     Raises
@@ -107,22 +107,21 @@ def sched_build(sched: int, keys: int | None = None) -> dict[int, tuple[int, int
     return {D: (sched, keys or cfg["keys"], mb) for D, mb in cfg["min_blocks"].items()}
 
 
-@contextlib.contextmanager
-def schedule(sched: int, keys: int | None = None) -> Iterator[Any]:
-    """attention.py at schedule ``sched`` inside the block (restored after it)."""
-    from attnrt.ops import attention as A
+def sched_config(sched: int | None, keys: int | None = None) -> Any:
+    """The ``AttentionConfig`` that runs every wgmma call at schedule ``sched`` (None: the
+    shipped builds)."""
+    from attnrt.ops.attention import AttentionConfig
 
-    saved = A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG
-    A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG = sched_build(sched, keys), {}, {}
-    try:
-        yield A
-    finally:
-        A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG = saved
+    if sched is None:
+        return AttentionConfig()
+    return AttentionConfig(wg_build=sched_build(sched, keys), wg_causal={}, wg_long={})
 
 
 def _sched_smem(sched: int) -> dict[int, int]:
-    with schedule(sched) as A:
-        return {D: A.wg_smem_bytes(D) for D in (64, 128)}
+    from attnrt.ops.attention import wg_smem_bytes
+
+    cfg = sched_config(sched)
+    return {D: wg_smem_bytes(D, config=cfg) for D in (64, 128)}
 
 
 def _impl_match(impl: str) -> re.Match[str] | None:
@@ -132,7 +131,7 @@ def _impl_match(impl: str) -> re.Match[str] | None:
 
 def impl_sched(impl: str) -> int | None:
     """The attention_wg.cu schedule an impl name forces (``wg-sN`` or ``wg-sNkK``: N;
-    ``wg`` runs attention.py's ``WG_BUILD`` / ``WG_CAUSAL`` as shipped; else None)."""
+    ``wg`` runs the shipped ``WG_BUILD`` / ``WG_CAUSAL`` as shipped; else None)."""
     m = _impl_match(impl)
     return int(m.group(1)) if m else None
 
@@ -200,13 +199,6 @@ def _rows_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, idx: list[tuple[int, 
     return np.stack(out)
 
 
-def _use_schedule(sched: int, keys: int | None = None) -> None:
-    """Point attention.py's wgmma plumbing at schedule ``sched`` (this process only)."""
-    from attnrt.ops import attention as A
-
-    A.WG_BUILD, A.WG_CAUSAL, A.WG_LONG = sched_build(sched, keys), {}, {}
-
-
 def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
            dtypes: tuple[str, ...]) -> None:
     """Print one JSON line per check / case: {"kind", "i", "ok", "tflops", "err", ...}.
@@ -223,8 +215,7 @@ def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
     from tests._util import rel_fro
 
     sched = impl_sched(impl)
-    if sched is not None:
-        _use_schedule(sched, impl_keys(impl))
+    base = sched_config(sched, impl_keys(impl) if sched is not None else None)
     path = "fused" if impl == "fused" else "wg"
     rt = attnrt.CudaRuntime(0)
     # This worker never uses torch: blocking its import saves the 2-4 s BenchContext spends
@@ -238,7 +229,7 @@ def worker(impl: str, start: int, quick: bool, reps: int, checks: bool,
     def setup(node: Any, host: list[np.ndarray], num_splits: int | None = None) -> tuple:
         arrs = [attnrt.DeviceArray.from_numpy(rt, h) for h in host]
         out = attnrt.DeviceArray(rt, host[0].shape, arrs[0].view().dtype)
-        kern = AttentionKernel(rt, node, path=path, num_splits=num_splits)
+        kern = AttentionKernel(rt, node, dataclasses.replace(base, path=path, num_splits=num_splits))
         views = [a.view() for a in arrs]
         req = kern.workspace_requirement([t.meta for t in views])
         ws_ptr = rt.alloc_raw(req.nbytes) if req.nbytes else 0
@@ -392,11 +383,11 @@ def precompile(impls: list[str], arch: str = "sm_90") -> None:
     for impl in impls:
         sched = impl_sched(impl)
         if sched is not None:
-            with schedule(sched, impl_keys(impl)):
-                for dt in (DataType.FLOAT16, DataType.BFLOAT16):
-                    for D in (64, 128):
-                        v = A._wg_variant(dt, D)
-                        jobs.add((v.file, v.options, arch + "a"))
+            cfg = sched_config(sched, impl_keys(impl))
+            for dt in (DataType.FLOAT16, DataType.BFLOAT16):
+                for D in (64, 128):
+                    v = A.builds.wg_variant(dt, D, config=cfg)
+                    jobs.add((v.file, v.options, arch + "a"))
         if impl == "wg":  # as shipped: the causal build too
             for v in A.compile_variants():
                 if v.file == "attention_wg.cu":
@@ -406,7 +397,7 @@ def precompile(impls: list[str], arch: str = "sm_90") -> None:
                 if v.file == "attention_fused_tc.cu" and v.defines.get("HEAD_DIM") in (64, 128):
                     jobs.add((v.file, v.options, arch))
     for dt in (DataType.FLOAT16, DataType.BFLOAT16):  # split combine (the checks force splits)
-        v = A._rows_variant(dt)
+        v = A.builds.rows_variant(dt)
         jobs.add((v.file, v.options, arch))
     if not jobs:
         return

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import attnrt
     from attnrt.ops import reference
-    from attnrt.ops.attention import AttentionKernel
+    from attnrt.ops.attention import AttentionConfig, AttentionKernel
     from tests._util import rel_fro
 
     rt = attnrt.CudaRuntime(0)
@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
                 for s in ((b, hq, sq, d), (b, hkv, sk, d), (b, hkv, sk, d))]
         arrs = [attnrt.DeviceArray.from_numpy(rt, x) for x in host]
         out = attnrt.DeviceArray(rt, host[0].shape, arrs[0].view().dtype)
-        case = Case(rt, AttentionKernel(rt, node, path="decode", num_splits=splits), arrs, out)
+        cfg = AttentionConfig(path="decode", num_splits=splits)
+        case = Case(rt, AttentionKernel(rt, node, cfg), arrs, out)
         try:
             out.fill_bytes(0xFF)
             case()
@@ -238,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for _, ar in sets:
                     out = attnrt.DeviceArray(rt, host[0].shape, ar[0].view().dtype)
-                    c = Case(rt, AttentionKernel(rt, node, path=path, dec_merge=merge), ar, out)
-                    c.kernel.use_counter_pool = pool
+                    cfg = AttentionConfig(path=path, dec_merge=merge, counter_pool=pool)
+                    c = Case(rt, AttentionKernel(rt, node, cfg), ar, out)
                     cases.append(c)
                 case = cases[0]
                 case.out.fill_bytes(0xFF)

@@ -9,7 +9,7 @@ import numpy as np
 
 import attnrt
 from attnrt.ops import reference
-from attnrt.ops.attention import AttentionKernel
+from attnrt.ops.attention import AttentionConfig, AttentionKernel
 from attnrt.runtime.api import Node
 from tests._util import TOL, rel_fro
 
@@ -58,8 +58,8 @@ class Buffers(contextlib.ExitStack):
         self.callback(self.rt.free_raw, p)
         return p
 
-    def kernel(self, node, **kw) -> AttentionKernel:
-        k = AttentionKernel(self.rt, node, **kw)
+    def kernel(self, node, config: AttentionConfig | None = None) -> AttentionKernel:
+        k = AttentionKernel(self.rt, node, config)
         self.callback(k.close)
         return k
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 import os
+import pickle
 import re
 from concurrent.futures import ProcessPoolExecutor
 from types import SimpleNamespace
@@ -15,10 +17,12 @@ import pytest
 
 from attnrt.ops import _common, attention, factory_class, reference
 from attnrt.ops.attention import (
+    AttentionConfig,
     AttentionFactory,
     AttentionKernel,
     Attrs,
     Dims,
+    builds,
     choose_splits,
     compile_variants,
     parse_attributes,
@@ -27,7 +31,15 @@ from attnrt.ops.attention import (
     unfused_layout,
 )
 from attnrt.runtime import compiler
-from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceRequirement
+from attnrt.runtime.api import (
+    DataType,
+    Node,
+    TensorMetadata,
+    TensorMut,
+    TensorView,
+    WorkspaceRequirement,
+    WorkspaceView,
+)
 from attnrt.runtime.errors import CaptureError, KernelError, WorkspaceError
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
@@ -146,9 +158,9 @@ def test_attribute_defaults():
 
 def test_bad_path_arguments():
     with pytest.raises(ValueError, match="path"):
-        AttentionKernel(fake_rt(), node(), path="fast")
+        AttentionKernel(fake_rt(), node(), AttentionConfig(path="fast"))
     with pytest.raises(ValueError, match="num_splits"):
-        AttentionKernel(fake_rt(), node(), num_splits=0)
+        AttentionKernel(fake_rt(), node(), AttentionConfig(num_splits=0))
 
 
 # ------------------------------------------------------------------ execute-time validation (host only)
@@ -241,7 +253,7 @@ def _meta(shape, dtype=BF16):
 @pytest.mark.parametrize("path", ["auto", "fused", "unfused"])
 def test_workspace_requirement_matches_formula(path):
     n = node(num_heads=32, kv_num_heads=8)
-    k = AttentionKernel(fake_rt(132), n, path=path)
+    k = AttentionKernel(fake_rt(132), n, AttentionConfig(path=path))
     # Prefill that fills the GPU: the fused path needs nothing.
     pre = [_meta((4, 32, 256, 128)), _meta((4, 8, 256, 128)), _meta((4, 8, 256, 128))]
     req = k.workspace_requirement(pre)
@@ -259,15 +271,15 @@ def test_workspace_requirement_matches_formula(path):
         splits = choose_splits(dims, 64, 64, 132)
         assert splits > 1
         assert req.nbytes == split_layout(32, 128, splits)[2] and req.alignment == 256
-        p = plan(k.attrs, dims, BF16, 132, path=path)
+        p = plan(k.attrs, dims, BF16, 132, AttentionConfig(path=path))
         assert (p.path, p.dp, p.splits, p.workspace) == ("tc", 128, splits, req.nbytes)
-    else:  # auto: the one-launch decode kernel (DECODE_PATH "single"): partials + counters
-        assert attention.DECODE_PATH == "single"
+    else:  # auto: the one-launch decode kernel (decode_path "single"): partials + counters
+        assert AttentionConfig().decode_path == "single"
         dims = Dims(1, 32, 8, 1, 8192, 128, 0)
         splits = attention.decode_splits(dims, 128, 132)
         assert splits > 1
         assert req.nbytes == attention.decode_layout(32, 128, splits, 8)[2] and req.alignment == 256
-        p = plan(k.attrs, dims, BF16, 132, path=path)
+        p = plan(k.attrs, dims, BF16, 132, AttentionConfig(path=path))
         assert (p.path, p.dp, p.splits, p.workspace) == ("decode", 128, splits, req.nbytes)
 
 
@@ -277,15 +289,15 @@ def test_plan_paths():
     assert plan(a, d, F16, 132).path == "tc"
     assert plan(a, d, F16, 132, tc_ok=False).path == "simt"
     assert plan(a, d, F32, 132).path == "simt"
-    assert plan(a, d, BF16, 132, path="simt").path == "simt"
-    assert plan(a, d, BF16, 132, path="unfused").path == "unfused"
+    assert plan(a, d, BF16, 132, AttentionConfig(path="simt")).path == "simt"
+    assert plan(a, d, BF16, 132, AttentionConfig(path="unfused")).path == "unfused"
     assert plan(a, Dims(2, 4, 4, 100, 100, 20, 0), F16, 132).path == "simt"  # D % 8 != 0
     p = plan(a, Dims(2, 4, 4, 100, 100, 72, 0), F16, 132)
     assert (p.path, p.dp) == ("tc", 80)
     assert plan(a, Dims(2, 4, 4, 100, 100, 320, 0), F16, 132).path == "unfused"
     with pytest.raises(KernelError, match="D = 320"):
-        plan(a, Dims(2, 4, 4, 100, 100, 320, 0), F16, 132, path="fused")
-    assert plan(a, d, F16, 132, num_splits=3).splits == 3
+        plan(a, Dims(2, 4, 4, 100, 100, 320, 0), F16, 132, AttentionConfig(path="fused"))
+    assert plan(a, d, F16, 132, AttentionConfig(num_splits=3)).splits == 3
 
 
 def test_workspace_requirement_absent_inputs():
@@ -304,7 +316,7 @@ def test_workspace_requirement_absent_inputs():
 def test_plan_refuses_grids_beyond_limits(dims, path, match):
     a = Attrs(dims.H, dims.Hkv, False, None, 0.0, -1)
     with pytest.raises(KernelError, match=match):
-        plan(a, dims, BF16, 132, path=path)
+        plan(a, dims, BF16, 132, AttentionConfig(path=path))
 
 
 def test_int32_limits_are_refused_by_shape_checks():
@@ -594,9 +606,9 @@ def test_launches_match_kernel_signatures(case, compiled):
         n.inputs = ["q", "k", "v", "mask"]
         ins.append(view((B, 1, Sq, Sk), dtype))
     out = view((B, H, Sq, D), dtype, cls=TensorMut)
-    kern = AttentionKernel(rt, n, path=path, num_splits=splits)
+    kern = AttentionKernel(rt, n, AttentionConfig(path=path, num_splits=splits))
     req = kern.workspace_requirement([t.meta for t in ins])
-    ws = attention.WorkspaceView(0x100000000, req.nbytes) if req.nbytes else None
+    ws = WorkspaceView(0x100000000, req.nbytes) if req.nbytes else None
     kern.execute(ins, [out], ws)
     assert [name for name, *_ in rt.launches] == entries
     if entries == ["attn_decode"] and kern.last_plan.splits > 1:
@@ -624,13 +636,13 @@ def test_launches_match_kernel_signatures(case, compiled):
             assert fused[1][0] * fused[1][1] == items
 
 
-def test_wg_planning(monkeypatch):
-    """path='wg' is refused where the kernel cannot run; auto takes it (prefill) with WG_DEFAULT."""
+def test_wg_planning():
+    """path='wg' is refused where the kernel cannot run; auto takes it (prefill) with wg_default."""
     a = attention.Attrs(8, 2, True, None, 0.0, -1)
     pre = attention.Dims(2, 8, 2, 1000, 1000, 128, 0)
     dec = attention.Dims(2, 8, 2, 1, 1000, 128, 0)
     h100 = (9, 0)
-    p = attention.plan(a, pre, BF16, 132, path="wg", cc=h100)
+    p = attention.plan(a, pre, BF16, 132, AttentionConfig(path="wg"), cc=h100)
     assert p.path == "wg" and p.dp == 128
     for dims, dt, cc, tc_ok, why in [
             (pre, F32, h100, True, "FLOAT"),
@@ -639,17 +651,18 @@ def test_wg_planning(monkeypatch):
             (pre, BF16, (10, 0), True, "compute capability"),
             (pre, F16, h100, False, "strides")]:
         with pytest.raises(KernelError, match=why):
-            attention.plan(a, dims, dt, 132, path="wg", tc_ok=tc_ok, cc=cc)
-    assert attention.WG_DEFAULT  # on since the H200 sweep
-    assert attention.plan(a, pre, BF16, 132, cc=h100).path == "wg"
-    monkeypatch.setattr(attention, "WG_DEFAULT", False)
-    assert attention.plan(a, pre, BF16, 132, cc=h100).path == "tc"
-    monkeypatch.setattr(attention, "WG_DEFAULT", True)
+            attention.plan(a, dims, dt, 132, AttentionConfig(path="wg"), tc_ok=tc_ok, cc=cc)
+    assert AttentionConfig().wg_default  # on since the H200 sweep
+    p = attention.plan(a, pre, BF16, 132, cc=h100)
+    assert p.path == "wg" and p.config == AttentionConfig()
+    no_wg = AttentionConfig(wg_default=False)
+    p = attention.plan(a, pre, BF16, 132, no_wg, cc=h100)
+    assert p.path == "tc" and p.config is no_wg and "wg_default=False" in repr(p)
     assert attention.plan(a, pre, BF16, 132, cc=(8, 9)).path == "tc"
     assert attention.plan(a, pre, BF16, 132).path == "tc"  # unknown device
     assert attention.plan(a, dec, BF16, 132, cc=h100).path == "decode"  # the one-launch kernel
-    monkeypatch.setattr(attention, "DECODE_PATH", "tc")
-    assert attention.plan(a, dec, BF16, 132, cc=h100).path == "tc"  # tc + splits + combine
+    tc = AttentionConfig(decode_path="tc")
+    assert attention.plan(a, dec, BF16, 132, tc, cc=h100).path == "tc"  # tc + splits + combine
     assert attention.plan(a, pre, F32, 132, cc=h100).path == "simt"
 
 
@@ -665,7 +678,7 @@ def test_unfused_owns_a_buffer_only_eagerly(compiled):
         AttentionKernel.unfused(rt, n).execute(ins, [out])
     assert rt.launches == []
     # The fused path never allocates: without its partials buffer it runs unsplit.
-    AttentionKernel.fused(rt, n, num_splits=4).execute(ins, [out])
+    AttentionKernel.fused(rt, n, AttentionConfig(num_splits=4)).execute(ins, [out])
     assert [x[0] for x in rt.launches] == ["attn_fused_tc"] and rt.launches[0][1][1] == 1
 
 
@@ -677,15 +690,15 @@ def test_short_workspace_refused_before_launch(compiled):
     k = AttentionKernel.unfused(rt, n)
     need = k.workspace_requirement([t.meta for t in ins]).nbytes
     with pytest.raises(WorkspaceError):
-        k.execute(ins, [out], attention.WorkspaceView(0x100000000, need - 1))
+        k.execute(ins, [out], WorkspaceView(0x100000000, need - 1))
     with pytest.raises(WorkspaceError):
-        k.execute(ins, [out], attention.WorkspaceView(0x100000000 + 8, need))  # misaligned
+        k.execute(ins, [out], WorkspaceView(0x100000000 + 8, need))  # misaligned
     assert rt.launches == []
 
 
-def test_wg_schedule_choice(monkeypatch):
+def test_wg_schedule_choice():
     """Causal calls take WG_CAUSAL's schedule, the others WG_BUILD's; persistent grids are one
-    CTA per SM at most (WG_MAX_CTAS caps them); both builds are compiled."""
+    CTA per SM at most (AttentionConfig.wg_max_ctas caps them); both builds are compiled."""
     for D in attention.WG_BUILD:
         assert attention.wg_sched(D) == attention.WG_BUILD[D][0]
         want = attention.WG_CAUSAL[D][0] if D in attention.WG_CAUSAL else attention.WG_BUILD[D][0]
@@ -693,8 +706,7 @@ def test_wg_schedule_choice(monkeypatch):
         assert attention.wg_persistent(D, True) == (attention.wg_sched(D, True) >= 6)
     assert attention.wg_grid(5000, 132) == 132 and attention.wg_grid(7, 132) == 7
     assert attention.wg_grid(0, 132) == 1
-    monkeypatch.setattr(attention, "WG_MAX_CTAS", 3)
-    assert attention.wg_grid(5000, 132) == 3 and attention.wg_grid(2, 132) == 2
+    assert attention.wg_grid(5000, 132, 3) == 3 and attention.wg_grid(2, 132, 3) == 2
     scheds = {(v.defines["HEAD_DIM"], v.defines["NXRT_BF16"], v.defines.get("NXRT_WG_SCHED", 0))
               for v in attention.compile_variants() if v.file == "attention_wg.cu"}
     for D in attention.WG_BUILD:
@@ -707,8 +719,44 @@ def test_wg_schedule_choice(monkeypatch):
     assert attention.wg_keys(128, False, min_sk - 1) == attention.WG_BUILD[128][1]
     assert attention.wg_keys(128, True, min_sk) == attention.WG_CAUSAL[128][1]
     assert attention.wg_smem_bytes(128, False, min_sk) <= 232448  # sm_90 opt-in
-    v = attention._wg_variant(BF16, 128, False, min_sk)
+    v = builds.wg_variant(BF16, 128, False, min_sk)
     assert v.defines.get("NXRT_WG_BN") == keys
-    assert "NXRT_WG_BN" not in attention._wg_variant(BF16, 128, True, min_sk).defines
-    monkeypatch.setattr(attention, "WG_CAUSAL", {})
-    assert attention.wg_sched(128, True) == attention.WG_BUILD[128][0]
+    assert "NXRT_WG_BN" not in builds.wg_variant(BF16, 128, True, min_sk).defines
+    no_causal = AttentionConfig(wg_causal={})
+    assert attention.wg_sched(128, True, no_causal) == attention.WG_BUILD[128][0]
+    assert attention.wg_sched(128, True) == attention.WG_CAUSAL[128][0]  # nothing was mutated
+
+
+# ------------------------------------------------------------------ AttentionConfig
+def test_config_is_data():
+    """The knobs are a frozen, picklable value; tables normalise; bad values are refused."""
+    cfg = AttentionConfig(path="wg", wg_max_ctas=3, wg_build={128: (6, 128, 1), 64: [7, 128, 1]})
+    assert cfg.wg_build == ((64, (7, 128, 1)), (128, (6, 128, 1)))
+    assert pickle.loads(pickle.dumps(cfg)) == cfg and hash(cfg) == hash(pickle.loads(pickle.dumps(cfg)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.path = "auto"  # type: ignore[misc]
+    assert AttentionConfig() == AttentionConfig(wg_build=attention.WG_BUILD)
+    for bad in ({"decode_path": "fast"}, {"wg_max_ctas": 0}, {"num_splits": 65536}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            AttentionConfig(**bad)
+
+
+@pytest.mark.parametrize("cap", [None, 3, 7])
+def test_wg_max_ctas_caps_the_persistent_grid(cap):
+    """A kernel built with ``wg_max_ctas`` launches at most that many CTAs, and its plan
+    shows the config; the shipped tables are untouched."""
+    from tests._fakes import FakeRuntime as Fake  # the fuzz suites' fake: no PTX checks
+
+    rt = Fake()  # sm_90, 132 SMs
+    B, H, Hkv, Sq, Sk, D = 3, 8, 2, 999, 1001, 128
+    n = node(num_heads=H, kv_num_heads=Hkv, causal=1)
+    ins = [rt.view((B, H, Sq, D), BF16), rt.view((B, Hkv, Sk, D), BF16),
+           rt.view((B, Hkv, Sk, D), BF16)]
+    out = rt.view((B, H, Sq, D), BF16, mut=True)
+    cfg = AttentionConfig(path="wg", wg_max_ctas=cap)
+    kern = AttentionKernel(rt, n, cfg)
+    assert kern.workspace_requirement([t.meta for t in ins]).nbytes == 0
+    kern.execute(ins, [out])
+    items = B * Hkv * -(-(H // Hkv) * Sq // 128)
+    assert rt.launches[-1].grid == (min(items, 132, cap or items), 1, 1)
+    assert kern.last_plan.config is cfg and f"wg_max_ctas={cap}" in repr(kern.last_plan)

@@ -3,7 +3,6 @@ layout, shared memory, compiles (no spills) and launches checked against the PTX
 
 from __future__ import annotations
 
-import contextlib
 import re
 from types import SimpleNamespace
 
@@ -15,9 +14,11 @@ from attnrt.ops.attention import (
     DEC_CLUSTERS,
     DEC_MAX_SPLITS,
     DEC_TILES,
+    AttentionConfig,
     AttentionKernel,
     Attrs,
     Dims,
+    builds,
     dec_cluster_reason,
     dec_smem_bytes,
     decode_layout,
@@ -33,6 +34,11 @@ from attnrt.runtime.errors import KernelError
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
 
 
+def dec(**kw) -> AttentionConfig:
+    """A config that forces the single-kernel decode path."""
+    return AttentionConfig(path="decode", **kw)
+
+
 def attrs(H=32, Hkv=8, **kw) -> Attrs:
     return Attrs(H, Hkv, kw.get("causal", False), None, kw.get("softcap", 0.0),
                  kw.get("window", -1))
@@ -44,40 +50,41 @@ def node(H=32, Hkv=8, mask=False, **a) -> Node:
 
 
 @pytest.fixture
-def single(monkeypatch):
-    monkeypatch.setattr(attention, "DECODE_PATH", "single")
+def single() -> AttentionConfig:
+    """The config that sends decode-sized ``auto`` calls to the one-launch kernel."""
+    return AttentionConfig(decode_path="single")
 
 
 # ------------------------------------------------------------------ planning (pure)
 def test_default_keeps_tc_until_measured():
-    assert attention.DECODE_PATH in ("tc", "single")
+    assert AttentionConfig().decode_path in ("tc", "single")
     d = Dims(8, 32, 8, 1, 8192, 128, 0)
-    p = plan(attrs(), d, BF16, 132, path="decode")
+    p = plan(attrs(), d, BF16, 132, dec())
     assert p.path == "decode" and p.dp == 128
 
 
 def test_auto_choice(single):
     a = attrs()
     for Sk in (1024, 8192, 32768):
-        p = plan(a, Dims(8, 32, 8, 1, Sk, 128, 0), BF16, 132)
+        p = plan(a, Dims(8, 32, 8, 1, Sk, 128, 0), BF16, 132, single)
         assert (p.path, p.dp, p.splits) == ("decode", 128, 4)
-    assert plan(a, Dims(8, 32, 8, 4, 4096, 128, 0), F16, 132).path == "decode"  # 16 rows
-    assert plan(a, Dims(8, 32, 8, 5, 4096, 128, 0), F16, 132).path == "tc"  # 20 rows
-    assert plan(a, Dims(1, 32, 8, 1, 4096, 128, 0), F32, 132).path == "simt"
-    assert plan(a, Dims(1, 32, 8, 1, 4096, 128, 0), BF16, 132, tc_ok=False).path == "simt"
-    assert plan(a, Dims(1, 32, 8, 1, 4096, 20, 0), BF16, 132).path == "simt"  # D % 8
-    assert plan(a, Dims(1, 32, 8, 1, 4096, 320, 0), BF16, 132).path == "unfused"
-    p = plan(a, Dims(1, 32, 8, 1, 4096, 72, 0), BF16, 132)
+    assert plan(a, Dims(8, 32, 8, 4, 4096, 128, 0), F16, 132, single).path == "decode"  # 16 rows
+    assert plan(a, Dims(8, 32, 8, 5, 4096, 128, 0), F16, 132, single).path == "tc"  # 20 rows
+    assert plan(a, Dims(1, 32, 8, 1, 4096, 128, 0), F32, 132, single).path == "simt"
+    assert plan(a, Dims(1, 32, 8, 1, 4096, 128, 0), BF16, 132, single, tc_ok=False).path == "simt"
+    assert plan(a, Dims(1, 32, 8, 1, 4096, 20, 0), BF16, 132, single).path == "simt"  # D % 8
+    assert plan(a, Dims(1, 32, 8, 1, 4096, 320, 0), BF16, 132, single).path == "unfused"
+    p = plan(a, Dims(1, 32, 8, 1, 4096, 72, 0), BF16, 132, single)
     assert (p.path, p.dp) == ("decode", 80)
-    p = plan(a, Dims(1, 32, 8, 1, 4096, 256, 0), BF16, 132)
+    p = plan(a, Dims(1, 32, 8, 1, 4096, 256, 0), BF16, 132, single)
     assert (p.path, p.dp) == ("decode", 256)
     # MHA decode: one row per (batch, head)
     m = attrs(16, 16)
-    assert plan(m, Dims(2, 16, 16, 1, 999, 64, 0), F16, 132).path == "decode"
+    assert plan(m, Dims(2, 16, 16, 1, 999, 64, 0), F16, 132, single).path == "decode"
     # the old route stays selectable
-    assert plan(a, Dims(8, 32, 8, 1, 8192, 128, 0), BF16, 132, path="fused").path == "tc"
+    assert plan(a, Dims(8, 32, 8, 1, 8192, 128, 0), BF16, 132, AttentionConfig(path="fused")).path == "tc"
     # prefill on cc 9.0 still goes to wg
-    assert plan(attrs(8, 2), Dims(2, 8, 2, 1000, 1000, 128, 0), BF16, 132, cc=(9, 0)).path == "wg"
+    assert plan(attrs(8, 2), Dims(2, 8, 2, 1000, 1000, 128, 0), BF16, 132, single, cc=(9, 0)).path == "wg"
 
 
 def test_forced_decode_refusals():
@@ -89,7 +96,7 @@ def test_forced_decode_refusals():
             (Dims(1, 32, 8, 8, 64, 128, 0), F16, True, "32 packed")]:
         assert decode_reason(dims, dt, tc_ok) is not None
         with pytest.raises(KernelError, match=why):
-            plan(a, dims, dt, 132, path="decode", tc_ok=tc_ok)
+            plan(a, dims, dt, 132, dec(), tc_ok=tc_ok)
 
 
 def test_decode_splits():
@@ -122,58 +129,50 @@ def test_decode_splits_pairs():
     assert decode_splits(Dims(16, 32, 8, 1, 1024, 128, 0), 128, 132, pairs=True) == 2
     assert decode_splits(Dims(8, 32, 8, 1, 190, 128, 0), 128, 132, pairs=True) == 1  # 3 tiles
     a = attrs()
-    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, path="decode", cc=(9, 0))
+    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, dec(), cc=(9, 0))
     assert (p.splits, p.cluster, p.workspace, p.warp_ring) == (2, 2, 0, True)
-    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, path="decode", cc=(9, 0),
-             dec_merge="last")
+    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, dec(dec_merge="last"), cc=(9, 0))
     assert (p.splits, p.cluster, p.warp_ring) == (4, 0, False)
-    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, path="decode", cc=(8, 0))
+    p = plan(a, Dims(8, 32, 8, 1, 1024, 128, 0), BF16, 132, dec(), cc=(8, 0))
     assert (p.splits, p.cluster, p.warp_ring) == (4, 0, False)
     # the ring follows the grid: at most one CTA per SM
-    assert plan(a, Dims(16, 32, 8, 1, 1024, 128, 0), BF16, 132, path="decode",
+    assert plan(a, Dims(16, 32, 8, 1, 1024, 128, 0), BF16, 132, dec(),
                 cc=(9, 0)).warp_ring is False  # 256 CTAs
-    assert plan(a, Dims(8, 32, 8, 1, 4097, 128, 0), BF16, 132, path="decode",
-                num_splits=2).warp_ring is True  # 128 CTAs, memory merge
-    assert plan(a, Dims(8, 32, 8, 1, 4097, 128, 0), BF16, 132, path="decode",
-                num_splits=3).warp_ring is False  # 192 CTAs
+    d = Dims(8, 32, 8, 1, 4097, 128, 0)
+    assert plan(a, d, BF16, 132, dec(num_splits=2)).warp_ring is True  # 128 CTAs, memory merge
+    assert plan(a, d, BF16, 132, dec(num_splits=3)).warp_ring is False  # 192 CTAs
 
 
 def test_num_splits_forced_and_clamped():
     a = attrs()
     d = Dims(1, 32, 8, 1, 4097, 128, 0)
-    assert plan(a, d, BF16, 132, path="decode", num_splits=3).splits == 3
-    assert plan(a, d, BF16, 132, path="decode", num_splits=1000).splits == DEC_MAX_SPLITS
-    p = plan(a, d, BF16, 132, path="decode", num_splits=1)
+    assert plan(a, d, BF16, 132, dec(num_splits=3)).splits == 3
+    assert plan(a, d, BF16, 132, dec(num_splits=1000)).splits == DEC_MAX_SPLITS
+    p = plan(a, d, BF16, 132, dec(num_splits=1))
     assert (p.splits, p.workspace) == (1, 0)
 
 
 H100 = (9, 0)
 
 
-@contextlib.contextmanager
-def monkeypatch_clusters(sizes):
+def clusters(*sizes: int) -> AttentionConfig:
     """Plan as if the decode cluster builds were ``sizes`` (the kernel takes up to 8)."""
-    old = attention.DEC_CLUSTERS
-    attention.DEC_CLUSTERS = tuple(sizes)
-    try:
-        yield
-    finally:
-        attention.DEC_CLUSTERS = old
+    return AttentionConfig(dec_clusters=sizes)
 
 
 def test_cluster_merge_plan():
     assert DEC_CLUSTERS == (2,)  # pairs only: 4 and 8 do not fit one wave (NOTES.md)
     a, d = attrs(), Dims(16, 32, 8, 1, 1024, 128, 0)  # B 16: 2 splits
-    p = plan(a, d, BF16, 132, path="decode", cc=H100)
+    p = plan(a, d, BF16, 132, dec(), cc=H100)
     assert (p.splits, p.cluster, p.workspace, p.ws_ml, p.ws_cnt) == (2, 2, 0, 0, 0)
-    assert plan(a, d, BF16, 132, path="decode", cc=H100, dec_merge="cluster") == p
+    assert plan(a, d, BF16, 132, dec(dec_merge="cluster"), cc=H100) == p
     assert plan(a, d, BF16, 132, cc=H100) == p  # auto
     for cc in (None, (8, 0), (8, 9)):  # no clusters before compute capability 9.0
-        q = plan(a, d, BF16, 132, path="decode", cc=cc)
+        q = plan(a, d, BF16, 132, dec(), cc=cc)
         assert q.cluster == 0 and q.workspace == decode_layout(512, 128, 2, 128)[2]
         with pytest.raises(KernelError, match="compute capability"):
-            plan(a, d, BF16, 132, path="decode", cc=cc, dec_merge="cluster")
-    q = plan(a, d, BF16, 132, path="decode", cc=H100, dec_merge="last")
+            plan(a, d, BF16, 132, dec(dec_merge="cluster"), cc=cc)
+    q = plan(a, d, BF16, 132, dec(dec_merge="last"), cc=H100)
     assert q.cluster == 0 and q.workspace == decode_layout(512, 128, 2, 128)[2]
     # the bench rows (B 8) take pairs (test_decode_splits_pairs); B 4 (8 splits) merges
     # through memory
@@ -183,17 +182,16 @@ def test_cluster_merge_plan():
     assert (q.splits, q.cluster) == (8, 0) and q.workspace > 0
     # the cluster sizes; other split counts merge through memory (forced: refused)
     for splits in range(1, 12):
-        q = plan(a, d, BF16, 132, path="decode", cc=H100, num_splits=splits)
+        q = plan(a, d, BF16, 132, dec(num_splits=splits), cc=H100)
         assert q.cluster == (splits if splits in DEC_CLUSTERS else 0)
         assert (q.workspace == 0) == (q.cluster > 0 or splits == 1)
         if splits not in DEC_CLUSTERS:
             with pytest.raises(KernelError, match="splits" if splits > 1 else "one split"):
-                plan(a, d, BF16, 132, path="decode", cc=H100, num_splits=splits,
-                     dec_merge="cluster")
+                plan(a, d, BF16, 132, dec(num_splits=splits, dec_merge="cluster"), cc=H100)
     # prefill never clusters
     assert plan(a, Dims(1, 32, 8, 512, 8192, 128, 0), BF16, 132, cc=H100).path == "wg"
     with pytest.raises(ValueError, match="dec_merge"):
-        plan(a, d, BF16, 132, cc=H100, dec_merge="atomic")
+        plan(a, d, BF16, 132, AttentionConfig(dec_merge="atomic"), cc=H100)
 
 
 def test_cluster_receive_area_bound():
@@ -202,9 +200,9 @@ def test_cluster_receive_area_bound():
     cc = H100
     full = Dims(1, 16, 1, 1, 8192, 256, 0)     # 16 packed rows of D 256
     assert dec_cluster_reason(full, 256, 2, cc) is None
-    with monkeypatch_clusters((2, 8)):
-        assert "ring" in dec_cluster_reason(Dims(1, 16, 1, 1, 8192, 128, 0), 128, 8, cc)
-        assert dec_cluster_reason(Dims(1, 15, 1, 1, 8192, 128, 0), 128, 8, cc) is None
+    assert "ring" in dec_cluster_reason(Dims(1, 16, 1, 1, 8192, 128, 0), 128, 8, cc, clusters(2, 8))
+    assert dec_cluster_reason(Dims(1, 15, 1, 1, 8192, 128, 0), 128, 8, cc, clusters(2, 8)) is None
+    assert "cluster builds: 2" in dec_cluster_reason(Dims(1, 15, 1, 1, 8192, 128, 0), 128, 8, cc)
     for dp, (nwarps, stages) in DEC_TILES.items():  # the formula is the kernel's bound
         ring = stages * 2 * 16 * nwarps * (dp + 8) * 2
         scratch = nwarps * 16 * (dp + 8) + 2 * nwarps * 16 + 16 * (DEC_MAX_SPLITS + 1)
@@ -213,17 +211,16 @@ def test_cluster_receive_area_bound():
                 d = Dims(1, rows, 1, 1, 4096, dp, 0)
                 fits = (scratch + c * rows * (dp + 2)) * 4 <= ring
                 assert fits or c > 2
-                with monkeypatch_clusters((c,)):
-                    assert (dec_cluster_reason(d, dp, c, cc) is None) == fits
+                assert (dec_cluster_reason(d, dp, c, cc, clusters(c)) is None) == fits
 
 
 def test_dec_merge_validated():
     with pytest.raises(ValueError, match="dec_merge"):
-        AttentionKernel(SimpleNamespace(), node(), dec_merge="global")
+        AttentionKernel(SimpleNamespace(), node(), AttentionConfig(dec_merge="global"))
     with pytest.raises(ValueError, match="dec_merge"):
-        attention.AttentionFactory(SimpleNamespace(), dec_merge="")
-    f = attention.AttentionFactory(SimpleNamespace(), dec_merge="last")
-    assert f.create(node()).dec_merge == "last"
+        attention.AttentionFactory(SimpleNamespace(), AttentionConfig(dec_merge=""))
+    f = attention.AttentionFactory(SimpleNamespace(), AttentionConfig(dec_merge="last"))
+    assert f.create(node()).config.dec_merge == "last"
 
 
 def test_decode_layout():
@@ -236,7 +233,7 @@ def test_decode_layout():
 
 
 def test_workspace_requirement(single):
-    k = AttentionKernel(SimpleNamespace(capabilities=SimpleNamespace(sm_count=132)), node())
+    k = AttentionKernel(SimpleNamespace(capabilities=SimpleNamespace(sm_count=132)), node(), single)
     meta = [TensorMetadata(BF16, (8, 32, 1, 128)), TensorMetadata(BF16, (8, 8, 8192, 128)),
             TensorMetadata(BF16, (8, 8, 8192, 128))]
     req = k.workspace_requirement(meta)
@@ -284,7 +281,7 @@ _PARAM_RE = re.compile(r"\.param\s+\.(\w+)")
 @pytest.fixture(scope="module")
 def ptx():
     """PTX of the bf16 D128 decode build (sm_90), for the launch checks."""
-    v = attention._dec_variant(BF16, 128)
+    v = builds.dec_variant(BF16, 128)
     r = compiler.compile_source(_common.source(v.file), v.file, "sm_90", v.options,
                                 _common.headers())
     return r.ptx.decode()
@@ -293,7 +290,7 @@ def ptx():
 @pytest.mark.parametrize("dt,dp,arch,cluster", _COMPILE,
                          ids=lambda x: getattr(x, "name", str(x)))
 def test_decode_build_compiles_without_spills(dt, dp, arch, cluster):
-    v = attention._dec_variant(dt, dp, cluster)
+    v = builds.dec_variant(dt, dp, cluster)
     r = compiler.compile_source(_common.source(v.file), v.file, arch,
                                 v.options + ("--ptxas-options=-v",), _common.headers())
     assert b".entry attn_decode(" in r.ptx
@@ -366,7 +363,7 @@ def _views(B=8, H=32, Hkv=8, Sq=1, Sk=8192, D=128, dt=BF16, qptr=0x10000):
 
 def test_one_launch_and_counter_pool(ptx):
     rt = FakeRt(ptx)
-    k = AttentionKernel(rt, node(), path="decode")
+    k = AttentionKernel(rt, node(), dec())
     ins, out = _views()
     req = k.workspace_requirement([t.meta for t in ins])
     ws = WorkspaceView(0x100000000, req.nbytes)
@@ -394,7 +391,7 @@ def test_cluster_merge_launch(ptx):
     counters, no pool, no memset, no workspace (eager, capturing, and with a workspace passed
     anyway)."""
     rt = FakeRt(ptx, cc=(9, 0))
-    k = AttentionKernel(rt, node(), path="decode")
+    k = AttentionKernel(rt, node(), dec())
     ins, out = _views(B=16, Sk=1024)
     assert k.workspace_requirement([t.meta for t in ins]).nbytes == 0
     k.execute(ins, [out], None)
@@ -410,7 +407,7 @@ def test_cluster_merge_launch(ptx):
     assert not k._cnt_pool.ptr
     # dec_merge="last" on the same device: the memory build with its counters
     rt.capturing = False
-    m = AttentionKernel(rt, node(), path="decode", dec_merge="last")
+    m = AttentionKernel(rt, node(), dec(dec_merge="last"))
     req = m.workspace_requirement([t.meta for t in ins])
     m.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
     assert not any(o.startswith("-DDEC_CLUSTER") for o in rt.options[-1])
@@ -422,14 +419,14 @@ def test_pairs_launch_warp_ring(ptx):
     """B 8 x Hkv 8 on compute capability 9.0: two splits in cluster pairs, 128 CTAs, the
     per-warp ring; the memory merge of the same call keeps four splits and the CTA ring."""
     rt = FakeRt(ptx, cc=(9, 0))
-    k = AttentionKernel(rt, node(), path="decode")
+    k = AttentionKernel(rt, node(), dec())
     ins, out = _views(B=8, Sk=1024)
     assert k.workspace_requirement([t.meta for t in ins]).nbytes == 0
     k.execute(ins, [out], None)
     name, grid, _, _, args = rt.launches[-1]
     assert grid == (64, 2, 1) and args[-2] == 0 and int(args[-3]) == 2 and int(args[-1]) == 1
     assert any("-DDEC_CLUSTER=2" in o for o in rt.options[-1])
-    m = AttentionKernel(rt, node(), path="decode", dec_merge="last")
+    m = AttentionKernel(rt, node(), dec(dec_merge="last"))
     req = m.workspace_requirement([t.meta for t in ins])
     m.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
     _, grid, _, _, args = rt.launches[-1]
@@ -441,7 +438,7 @@ def test_pairs_launch_warp_ring(ptx):
 
 def test_capture_without_pool_uses_workspace_counters(ptx):
     rt = FakeRt(ptx, capturing=True)
-    k = AttentionKernel(rt, node(), path="decode")
+    k = AttentionKernel(rt, node(), dec())
     ins, out = _views(Sk=1024)
     req = k.workspace_requirement([t.meta for t in ins])
     ws = WorkspaceView(0x100000000, req.nbytes)
@@ -452,14 +449,14 @@ def test_capture_without_pool_uses_workspace_counters(ptx):
     assert p.ws_cnt + 4 * 64 <= req.nbytes and not rt.live
     # the workspace mode on request (eager too)
     rt.capturing = False
-    k.use_counter_pool = False
+    k = AttentionKernel(rt, node(), dec(counter_pool=False))
     k.execute(ins, [out], ws)
-    assert len(rt.memsets) == 2 and not rt.live
+    assert len(rt.memsets) == 2 and not rt.live and rt.launches[-1][4][-2] == cnt
 
 
 def test_without_workspace_runs_unsplit(ptx):
     rt = FakeRt(ptx)
-    k = AttentionKernel(rt, node(), path="decode")
+    k = AttentionKernel(rt, node(), dec())
     ins, out = _views(Sk=4097)
     k.execute(ins, [out], None)
     _, grid, _, _, args = rt.launches[0]
@@ -470,7 +467,7 @@ def test_without_workspace_runs_unsplit(ptx):
 
 def test_misaligned_pointer_falls_back_to_simt(ptx):
     rt = FakeRt(ptx)
-    k = AttentionKernel(rt, node(), path="decode")
+    k = AttentionKernel(rt, node(), dec())
     ins, out = _views(qptr=0x10008)
     req = k.workspace_requirement([t.meta for t in ins])
     k.execute(ins, [out], WorkspaceView(0x100000000, req.nbytes))
@@ -478,7 +475,7 @@ def test_misaligned_pointer_falls_back_to_simt(ptx):
     assert k.last_plan.path == "simt" and k.last_plan.splits == 4
     # a cluster plan has no partials buffer: its simt fallback runs unsplit
     rt = FakeRt(ptx, cc=(9, 0))
-    k = AttentionKernel(rt, node(), path="decode")
+    k = AttentionKernel(rt, node(), dec())
     ins, out = _views(B=16, qptr=0x10008)
     k.execute(ins, [out], None)
     assert [x[0] for x in rt.launches] == ["attn_fused_simt"]
@@ -487,7 +484,7 @@ def test_misaligned_pointer_falls_back_to_simt(ptx):
 
 def test_auto_with_flag(ptx, single):
     rt = FakeRt(ptx)
-    k = AttentionKernel(rt, node(causal=1, softcap=5.0, local_window_size=3000, mask=True))
+    k = AttentionKernel(rt, node(causal=1, softcap=5.0, local_window_size=3000, mask=True), single)
     ins, out = _views(Sk=32768)
     ins.append(TensorView(0x50000, BF16, (8, 1, 1, 32768)))
     req = k.workspace_requirement([t.meta for t in ins])

@@ -8,14 +8,18 @@ import dataclasses
 import numpy as np
 import pytest
 
-from attnrt.ops import attention
-from attnrt.ops.attention import AttentionKernel
+from attnrt.ops.attention import AttentionConfig, AttentionKernel, builds
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from tests._attention_util import Buffers, check, host_inputs, make_node
 
 pytestmark = pytest.mark.gpu
 
 F16, BF16 = DataType.FLOAT16, DataType.BFLOAT16
+
+
+def dec(**kw) -> AttentionConfig:
+    """A config that forces the single-kernel decode path."""
+    return AttentionConfig(path="decode", **kw)
 
 
 class Call:
@@ -88,7 +92,7 @@ def test_vs_reference(rt, ledger, rng, case):
     node = make_node(H, Hkv, _mask=bool(planes), **attrs)
     host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes)
     with Buffers(rt) as bufs:
-        kernel = bufs.kernel(node, path="decode", num_splits=splits)
+        kernel = bufs.kernel(node, dec(num_splits=splits))
         call = Call(rt, bufs, kernel, host)
         got = call.run()
         p = kernel.last_plan
@@ -133,9 +137,8 @@ def test_cluster_merge_equals_memory_merge(rt, ledger, rng, case):
     node = make_node(H, Hkv, _mask=bool(planes), **attrs)
     host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes)
     with Buffers(rt) as bufs:
-        cl = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits), host)
-        mem = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits,
-                                         dec_merge="last"), host)
+        cl = Call(rt, bufs, bufs.kernel(node, dec(num_splits=splits)), host)
+        mem = Call(rt, bufs, bufs.kernel(node, dec(num_splits=splits, dec_merge="last")), host)
         assert cl.req.nbytes == 0 and mem.req.nbytes > 0
         got = cl.run()
         assert cl.kernel.last_plan.cluster == splits == cl.kernel.last_plan.splits
@@ -168,8 +171,8 @@ def test_warp_ring_equals_cta_ring(rt, ledger, rng, case, monkeypatch):
     node = make_node(H, Hkv, _mask=bool(planes), **attrs)
     host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes)
     with Buffers(rt) as bufs:
-        base = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits), host)
-        flip = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits), host)
+        base = Call(rt, bufs, bufs.kernel(node, dec(num_splits=splits)), host)
+        flip = Call(rt, bufs, bufs.kernel(node, dec(num_splits=splits)), host)
         orig = flip.kernel._plan
         monkeypatch.setattr(flip.kernel, "_plan", lambda *a: dataclasses.replace(
             orig(*a), warp_ring=not orig(*a).warp_ring))
@@ -185,7 +188,7 @@ def test_fully_masked_row_and_no_keys(rt, ledger, rng):
     with Buffers(rt) as bufs:
         node = make_node(4, 2, _mask=True)
         host = host_inputs(rng, BF16, 1, 4, 2, 2, 700, 128, planes=4, masked_row=True, masked_at="last")
-        kernel = bufs.kernel(node, path="decode", num_splits=3)
+        kernel = bufs.kernel(node, dec(num_splits=3))
         got = Call(rt, bufs, kernel, host).run()
         check(node, host, got, BF16)
         assert np.all(got[:, :, 1].astype(np.float32) == 0)
@@ -194,7 +197,7 @@ def test_fully_masked_row_and_no_keys(rt, ledger, rng):
         kv = TensorView(q.ptr, F16, (1, 2, 0, 64))  # Sk = 0: nothing is read
         out = bufs.array(shape=(1, 4, 1, 64), dtype=F16)
         out.fill_bytes(0xFF)
-        kernel = bufs.kernel(node, path="decode")
+        kernel = bufs.kernel(node, dec())
         kernel.execute([q.view(), kv, kv], [out.mut()])
         assert kernel.last_plan.path == "decode"
         assert np.all(out.numpy().astype(np.float32) == 0)
@@ -205,8 +208,8 @@ def test_matches_tc_route(rt, ledger, rng):
     node = make_node(32, 8)
     host = host_inputs(rng, BF16, 2, 32, 8, 1, 8192, 128)
     with Buffers(rt) as bufs:
-        new = Call(rt, bufs, bufs.kernel(node, path="decode"), host)
-        old = Call(rt, bufs, bufs.kernel(node, path="fused"), host)
+        new = Call(rt, bufs, bufs.kernel(node, dec()), host)
+        old = Call(rt, bufs, bufs.kernel(node, AttentionConfig(path="fused")), host)
         a, b = new.run(), old.run()
         assert new.kernel.last_plan.path == "decode" and new.kernel.last_plan.splits > 1
         assert old.kernel.last_plan.path == "tc"
@@ -220,16 +223,17 @@ def test_deterministic(rt, ledger, rng, splits):
     node = make_node(32, 8)
     host = host_inputs(rng, BF16, 2, 32, 8, 1, 4097, 128)
     with Buffers(rt) as bufs:
-        call = Call(rt, bufs, bufs.kernel(node, path="decode", num_splits=splits,
-                                          dec_merge="last"), host)
+        call = Call(rt, bufs, bufs.kernel(node, dec(num_splits=splits, dec_merge="last")), host)
         first = call.run()
         assert call.kernel.last_plan.splits > 1
         for _ in range(3):
             again = call.run()
             assert np.array_equal(first.view(np.uint16), again.view(np.uint16))
         # the workspace counters (memset per call) give the same bits as the pool
-        call.kernel.use_counter_pool = False
-        assert np.array_equal(first.view(np.uint16), call.run().view(np.uint16))
+        cfg = dataclasses.replace(call.kernel.config, counter_pool=False)
+        ws_call = Call(rt, bufs, bufs.kernel(node, cfg), host)
+        assert np.array_equal(first.view(np.uint16), ws_call.run().view(np.uint16))
+        assert not ws_call.kernel._cnt_pool.ptr
 
 
 def test_strided_views(rt, ledger, rng):
@@ -238,7 +242,7 @@ def test_strided_views(rt, ledger, rng):
     node = make_node(H, Hkv, causal=1)
     host = host_inputs(rng, F16, B, H, Hkv, Sq, Sk, D)
     with Buffers(rt) as bufs:
-        kernel = bufs.kernel(node, path="decode")
+        kernel = bufs.kernel(node, dec())
         qb = bufs.array(np.ascontiguousarray(host[0].transpose(0, 2, 1, 3)))
         q = TensorView(qb.ptr, F16, (B, H, Sq, D), (Sq * H * D, D, H * D, 1))
         kv = bufs.array(np.stack([host[1], host[2]], axis=2))  # [B, Hkv, 2, Sk, D]
@@ -268,11 +272,12 @@ def test_capture_replay_with_new_inputs(rt, ledger, rng, mode):
     if mode == "cluster":
         _need_clusters(rt)
     with Buffers(rt) as bufs:
-        kernel = bufs.kernel(node, path="decode", num_splits=2 if mode == "cluster" else None,
-                             dec_merge="cluster" if mode == "cluster" else "last")
+        cfg = (dec(num_splits=2, dec_merge="cluster") if mode == "cluster"
+               else dec(dec_merge="last"))
+        kernel = bufs.kernel(node, cfg)
         call = Call(rt, bufs, kernel, host)
         if mode == "workspace-counters":
-            kernel._fn(attention._dec_variant(BF16, 128), "attn_decode")  # load, no launch
+            kernel._fn(builds.dec_variant(BF16, 128), "attn_decode")  # load, no launch
         else:
             check(node, host, call.run(), BF16)
         before = rt.memory_stats().live_bytes
@@ -295,12 +300,11 @@ def test_capture_replay_with_new_inputs(rt, ledger, rng, mode):
             graph.destroy()
 
 
-def test_auto_uses_decode_with_flag(rt, ledger, rng, monkeypatch):
-    monkeypatch.setattr(attention, "DECODE_PATH", "single")
+def test_auto_uses_decode_with_flag(rt, ledger, rng):
     node = make_node(32, 8)
     host = host_inputs(rng, F16, 8, 32, 8, 1, 1024, 128)
     with Buffers(rt) as bufs:
-        kernel = bufs.kernel(node)
+        kernel = bufs.kernel(node, AttentionConfig(decode_path="single"))
         got = Call(rt, bufs, kernel, host).run()
         p = kernel.last_plan
         assert p.path == "decode"

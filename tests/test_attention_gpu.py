@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import attnrt
-from attnrt.ops.attention import AttentionFactory, AttentionKernel
+from attnrt.ops.attention import AttentionConfig, AttentionFactory, AttentionKernel, wg_persistent
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import CaptureError, KernelError, WorkspaceError
 from attnrt.runtime.executor import Executor
@@ -80,7 +80,7 @@ def test_vs_reference(rt, ledger, rng, case, path):
     dtype, B, H, Hkv, Sq, Sk, D, attrs, planes = case
     node = make_node(H, Hkv, _mask=bool(planes), **attrs)
     host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes, masked_row=True)
-    kernel = AttentionKernel(rt, node, path=path)
+    kernel = AttentionKernel(rt, node, AttentionConfig(path=path))
     try:
         with Buffers(rt) as bufs:
             got = run(rt, kernel, host, bufs)
@@ -109,7 +109,8 @@ def test_split_kv(rt, ledger, rng, dtype, path, splits, Sq, D):
     node = make_node(H, Hkv, causal=1)
     host = host_inputs(rng, dtype, 1, H, Hkv, Sq, Sk, D)
     with Buffers(rt) as bufs:
-        kernel = bufs.kernel(node, path=path, num_splits=splits)  # closed (counter pool) on exit
+        # closed (counter pool) on exit
+        kernel = bufs.kernel(node, AttentionConfig(path=path, num_splits=splits))
         got = run(rt, kernel, host, bufs)
         assert kernel.last_plan.splits > 1
         check(node, host, got, dtype)
@@ -148,7 +149,7 @@ def test_strided_views(rt, ledger, rng, path):
     node = make_node(H, Hkv, causal=1)
     host = host_inputs(rng, BF16, B, H, Hkv, Sq, Sk, D)
     with Buffers(rt) as bufs:
-        kernel = bufs.kernel(node, path=path)
+        kernel = bufs.kernel(node, AttentionConfig(path=path))
         qb = bufs.array(np.ascontiguousarray(host[0].transpose(0, 2, 1, 3)))  # [B, Sq, H, D]
         q = TensorView(qb.ptr, BF16, (B, H, Sq, D), (Sq * H * D, D, H * D, 1))
         kv = bufs.array(np.stack([host[1], host[2]], axis=2))  # [B, Hkv, 2, Sk, D]
@@ -189,7 +190,7 @@ def test_empty_keys_give_zeros(rt, ledger, rng):
             kv = TensorView(q.ptr, F16, (1, 2, 0, 64))  # Sk = 0: nothing is read
             out = bufs.array(shape=host[0].shape, dtype=F16)
             out.fill_bytes(0xFF)
-            AttentionKernel(rt, node, path=path).execute([q.view(), kv, kv], [out.mut()])
+            AttentionKernel(rt, node, AttentionConfig(path=path)).execute([q.view(), kv, kv], [out.mut()])
             assert np.all(out.numpy() == 0)
 
 
@@ -197,7 +198,7 @@ def test_short_workspace_is_refused(rt, ledger, rng):
     node = make_node(4, 2)
     host = host_inputs(rng, F16, 1, 4, 2, 64, 64, 64)
     for kernel in (AttentionKernel.unfused(rt, node),
-                   AttentionKernel.fused(rt, node, num_splits=2)):
+                   AttentionKernel.fused(rt, node, AttentionConfig(num_splits=2))):
         with Buffers(rt) as bufs:
             views = [bufs.array(h).view() for h in host[:3]]
             out = bufs.array(shape=host[0].shape, dtype=F16)
@@ -239,7 +240,7 @@ def test_capture_replay_with_changed_contents(rt, ledger, rng, path, Sq, planes)
         for name, a in zip(["q", "k", "v", "mask"], devs):
             ex.bind(name, a.view())
         ex.bind("o", out.mut())
-        ex.add(node, AttentionFactory(rt, path=path))
+        ex.add(node, AttentionFactory(rt, AttentionConfig(path=path)))
         ex.plan()
         out.fill_bytes(0xFF)
         ex.run()
@@ -300,7 +301,7 @@ def _wg_child() -> None:
             rng = np.random.default_rng(zlib.crc32(name.encode()))
             node = make_node(H, Hkv, _mask=bool(planes), **attrs)
             host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes, masked_row=True)
-            kernel = AttentionKernel(rt, node, path="wg", num_splits=splits)
+            kernel = AttentionKernel(rt, node, AttentionConfig(path="wg", num_splits=splits))
             with Buffers(rt) as bufs:
                 got = run(rt, kernel, host, bufs)
             assert kernel.last_plan.path == "wg", kernel.last_plan
@@ -348,24 +349,21 @@ PERSIST_CASES = [
 
 
 @pytest.mark.parametrize("case", PERSIST_CASES, ids=lambda c: _ids(c[:9]) + f"-s{c[9]}")
-def test_wg_persistent_matches_one_cta_per_item(rt, ledger, rng, monkeypatch, case):
+def test_wg_persistent_matches_one_cta_per_item(rt, ledger, rng, case):
     if tuple(rt.capabilities.compute_capability) != (9, 0):
         pytest.skip("path='wg' (sm_90a wgmma) needs compute capability 9.0")
-    from attnrt.ops import attention as A
-
     dtype, B, H, Hkv, Sq, Sk, D, attrs, planes, splits = case
     node = make_node(H, Hkv, _mask=bool(planes), **attrs)
     host = host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes, masked_row=True)
     outs = {}
     for sched, cap in ((4, None), (6, 3), (7, 5)):
-        monkeypatch.setattr(A, "WG_BUILD", {64: (sched, 128, 1), 128: (sched, 128, 1)})
-        monkeypatch.setattr(A, "WG_CAUSAL", {})
-        monkeypatch.setattr(A, "WG_LONG", {})
-        monkeypatch.setattr(A, "WG_MAX_CTAS", cap)
-        kernel = AttentionKernel(rt, node, path="wg", num_splits=splits)
+        cfg = AttentionConfig(path="wg", num_splits=splits, wg_max_ctas=cap,
+                              wg_build={64: (sched, 128, 1), 128: (sched, 128, 1)},
+                              wg_causal={}, wg_long={})
+        kernel = AttentionKernel(rt, node, cfg)
         with Buffers(rt) as bufs:
             got = run(rt, kernel, host, bufs)
-        assert kernel.last_plan.path == "wg" and A.wg_persistent(D, True) == (sched >= 6)
+        assert kernel.last_plan.path == "wg" and wg_persistent(D, True, cfg) == (sched >= 6)
         if splits:
             assert kernel.last_plan.splits == splits
         check(node, host, got, dtype)
@@ -381,4 +379,4 @@ def test_wg_refused_where_it_cannot_run(rt, ledger):
         metas = [attnrt.TensorMetadata(dtype, (1, 4, 17, D)), attnrt.TensorMetadata(dtype, (1, 2, 33, D)),
                  attnrt.TensorMetadata(dtype, (1, 2, 33, D))]
         with pytest.raises(KernelError, match="path='wg'"):
-            AttentionKernel(rt, node, path="wg").workspace_requirement(metas)
+            AttentionKernel(rt, node, AttentionConfig(path="wg")).workspace_requirement(metas)

@@ -30,7 +30,7 @@ import pytest
 
 import attnrt
 from attnrt.ops import reference
-from attnrt.ops.attention import AttentionFactory
+from attnrt.ops.attention import AttentionConfig, AttentionFactory
 from attnrt.ops.index_share import IndexShareFactory
 from attnrt.ops.paged_attention import PagedAttentionFactory
 from attnrt.runtime.api import DataType, Node, TensorView, WorkspaceView
@@ -90,7 +90,8 @@ class AttentionOp(Op):
                 for s in ((B, H, Sq, D), (B, Hkv, Sk, D), (B, Hkv, Sk, D))]
         self.views = [self.upload(h).view() for h in host]
         self.out = self.empty((B, H, Sq, D), BF16)
-        self.kernel = AttentionFactory(rt, path=path).create(self.node, [h.shape for h in host])
+        self.kernel = AttentionFactory(rt, AttentionConfig(path=path)).create(
+            self.node, [h.shape for h in host])
         req = self.kernel.workspace_requirement([v.meta for v in self.views])
         self.ws = (WorkspaceView(self.raw(req.nbytes), req.nbytes)
                    if workspace and req.nbytes else None)

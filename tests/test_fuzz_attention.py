@@ -30,7 +30,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnrt.ops.attention import AttentionFactory
+from attnrt.ops.attention import AttentionConfig, AttentionFactory
 from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, Unsupported
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
@@ -180,7 +180,7 @@ def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseExc
     """
     stage = "create"
     try:
-        fac = AttentionFactory(rt, **case.kw)
+        fac = AttentionFactory(rt, AttentionConfig(**case.kw))
         kern = fac.create(case.node, [None if _absent(t) else t.shape for t in case.inputs])
         stage = "workspace"
         req = kern.workspace_requirement([None if _absent(t) else t.meta for t in case.inputs])
@@ -529,7 +529,7 @@ class TestDevice:
             kw: dict[str, Any] = {"path": s.path}
             if s.num_splits is not None:
                 kw["num_splits"] = s.num_splits
-            kern = AttentionFactory(rt, **kw).create(node, [v.shape for v in views])
+            kern = AttentionFactory(rt, AttentionConfig(**kw)).create(node, [v.shape for v in views])
             req = kern.workspace_requirement([v.meta for v in views])
             ws = None
             if req.nbytes and s.use_ws:

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 from attnrt.ops import reference
-from attnrt.ops.attention import AttentionFactory
+from attnrt.ops.attention import AttentionConfig, AttentionFactory
 from attnrt.ops.index_share import IndexShareFactory
 from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory
 from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
@@ -101,7 +101,7 @@ def test_attention_offsets_past_2_32(rt, ledger, rng):
         q, k, v, o = view("q", H), view("k", Hkv), view("v", Hkv), view("o", H, TensorMut)
         want = reference.attention(node, [host["q"], host["k"], host["v"]], out_dtype=np.float64)
         for path in ("auto", "simt", "unfused"):
-            kern = AttentionFactory(rt, path=path).create(node, [q.shape, k.shape, v.shape])
+            kern = AttentionFactory(rt, AttentionConfig(path=path)).create(node, [q.shape, k.shape, v.shape])
             ws = mem.workspace(kern, [q.meta, k.meta, v.meta])
             for b in range(B):
                 rt.memset(o.ptr + b * sb * it, 0xFF, H * S * D * it)
@@ -130,7 +130,7 @@ def test_attention_offsets_past_2_32(rt, ledger, rng):
         want = reference.attention(node, [qh, kv_tail[None, None, :, 0], kv_tail[None, None, :, 1]],
                                    out_dtype=np.float64)
         for path, splits in (("auto", None), ("fused", 3), ("simt", None)):
-            kern = AttentionFactory(rt, path=path, num_splits=splits).create(node)
+            kern = AttentionFactory(rt, AttentionConfig(path=path, num_splits=splits)).create(node)
             ws = mem.workspace(kern, [qd.view().meta, k.meta, v.meta])
             od.fill_bytes(0xFF)
             kern.execute([qd.view(), k, v], [od.mut()], ws)

@@ -19,7 +19,7 @@ from typing import Any
 
 from bench import row
 
-from attnrt.ops.attention import AttentionKernel, wg_build
+from attnrt.ops.attention import AttentionConfig, AttentionKernel, wg_build
 from attnrt.runtime.api import Node, TensorMut, TensorView, WorkspaceView
 
 PREFILL_SHAPES = [(8, 32, 1024), (2, 32, 4096), (1, 32, 8192)]
@@ -42,7 +42,7 @@ class _Ours:
         self.out = torch.empty_like(q)
         self.ins = [TensorView.from_array(t) for t in (q, k, v)]
         self.outs = [TensorMut.from_array(self.out)]
-        self.kernel = AttentionKernel(ctx.rt, node, path=path)
+        self.kernel = AttentionKernel(ctx.rt, node, config=AttentionConfig(path=path))
         req = self.kernel.workspace_requirement([t.meta for t in self.ins])
         self._ws_buf = None
         self.ws = None

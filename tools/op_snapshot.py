@@ -66,7 +66,8 @@ def _imports() -> SimpleNamespace:
     import dataclasses
 
     import attnrt.ops as nxrt_kernels
-    from attnrt.ops.attention import AttentionFactory
+    from attnrt.ops.attention import AttentionConfig
+    from attnrt.ops.attention import AttentionFactory as _AttentionFactory
     from attnrt.ops.index_share import IndexShareConfig, IndexShareKernel
     from attnrt.ops.index_share import IndexShareFactory as _IndexShareFactory
     from attnrt.ops.paged_attention import PagedAttentionConfig
@@ -76,6 +77,11 @@ def _imports() -> SimpleNamespace:
 
     def PagedAttentionFactory(rt, *, path="auto", num_splits=None):  # noqa: N802 - a factory
         return _Paged(rt, config=PagedAttentionConfig(path=path, num_splits=num_splits))
+
+    def AttentionFactory(rt: Any, **kw: Any) -> Any:  # noqa: N802 - the old factory's signature
+        # the knobs are an AttentionConfig now; an invalid one still refuses at "factory"
+        return _AttentionFactory(rt, AttentionConfig(**kw))
+
     class _OldKnobsKernel(IndexShareKernel):
         """The cases' old knob spelling, mapped onto the kernel's IndexShareConfig."""
 

@@ -31,7 +31,7 @@ from attnrt.runtime.api import (
 from attnrt.runtime.errors import Unsupported
 
 from . import _dlpack
-from .attention import AttentionFactory
+from .attention import AttentionConfig, AttentionFactory
 from .index_share import IndexShareConfig, IndexShareFactory
 from .paged_attention import PagedAttentionConfig, PagedAttentionFactory
 
@@ -118,8 +118,9 @@ class Attention(_PlannedOp):
     causal, scale, softcap, window
         Bottom-right causal masking; the softmax scale (``None``: 1/sqrt(D)); tanh
         soft-capping of the scores (0: off); the local window (-1: off).
-    path
-        The kernel path (``"auto"``; see :mod:`attnrt.ops.attention`).
+    config
+        The planner's knobs (:class:`~attnrt.ops.attention.AttentionConfig`: path, splits,
+        merge; the default picks them from the shapes).
 
     Raises
     ------
@@ -129,14 +130,14 @@ class Attention(_PlannedOp):
 
     def __init__(self, rt: Any, *, num_heads: int, kv_num_heads: int | None = None,
                  causal: bool = False, scale: float | None = None, softcap: float = 0.0,
-                 window: int = -1, path: str = "auto") -> None:
+                 window: int = -1, config: AttentionConfig | None = None) -> None:
         attrs: dict[str, Any] = {"num_heads": num_heads, "kv_num_heads": kv_num_heads or num_heads,
                                  "causal": int(bool(causal)), "softcap": float(softcap),
                                  "local_window_size": window}
         if scale is not None:
             attrs["scale"] = float(scale)
         node = Node("Attention", "pkg.nxrt", attrs, ["Q", "K", "V", "mask"], ["O"])
-        super().__init__(rt, node, AttentionFactory(rt, path=path))
+        super().__init__(rt, node, AttentionFactory(rt, config))
 
     def _outputs(self, m: list[_Meta]) -> tuple[TensorMetadata, ...]:
         return (TensorMetadata(m[0].dtype, m[0].shape),)  # type: ignore[union-attr]

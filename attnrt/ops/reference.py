@@ -19,7 +19,7 @@ __all__ = ["attention", "paged_attention", "index_share"]
 
 def attention(node: Node, inputs: Sequence[np.ndarray | None], **kw: Any) -> np.ndarray:
     """``pkg.nxrt::Attention``: returns the output [B, H, Sq, D]."""
-    from ._ref_attention import attention as impl
+    from .attention.reference import attention as impl
 
     return impl(node, inputs, **kw)
 

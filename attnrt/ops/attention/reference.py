@@ -1,4 +1,8 @@
-"""numpy reference of ``pkg.nxrt::Attention`` (float64 inside, Q's dtype out)."""
+"""numpy reference of ``pkg.nxrt::Attention`` (float64 inside, Q's dtype out).
+
+The oracle of the tests and a CPU fallback. Its math is independent of the kernel's planner
+and builds; it shares only the schema's validation, so it refuses what the kernel refuses.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import numpy as np
 
 from attnrt.runtime.api import Node
 
-from .attention import check_dims, parse_attributes
+from .schema import check_dims, parse_attributes
 
 __all__ = ["attention"]
 
