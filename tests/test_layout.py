@@ -15,8 +15,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "attnrt"
 RUNTIME = PKG / "runtime"
@@ -103,7 +101,6 @@ def test_no_runtime_file_mentions_the_ops():
     assert not offenders, "attnrt.runtime must not know attnrt.ops:\n" + "\n".join(offenders)
 
 
-@pytest.mark.xfail(strict=False, reason="until the op split lands")
 def test_modules_stay_under_the_line_cap():
     long = {_rel(p): n for p in _sources() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
@@ -129,7 +126,6 @@ def test_the_worklog_patterns_catch_what_they_must():
     assert _worklog_hits("magic 0x7fELF and `sm_90a`") == []
 
 
-@pytest.mark.xfail(strict=False, reason="until the op split lands")
 def test_no_worklog_references_in_package_code():
     offenders = [f"{_rel(p)}:{n}: {what}: {line.strip()}" for p in _sources()
                  for n, line in enumerate(p.read_text().splitlines(), 1) for what in _worklog_hits(line)]
