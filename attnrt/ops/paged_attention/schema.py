@@ -39,10 +39,9 @@ __all__ = ["OP", "DOMAIN", "OP_TYPE", "INPUT_NAMES", "REQUIRED", "DECLINED_INPUT
            "KNOWN_ATTRS", "MAX_INPUTS", "MAX_OUTPUTS", "SUPPORTED", "PAGED_POSITION_OUT_OF_RANGE",
            "PagedAttrs", "PagedGeometry", "check_node", "parse_attrs", "unsupported_reason",
            "validate", "host_metadata", "is_absent", "as_metadata", "IN_QUERY", "IN_KEY", "IN_VALUE",
-           "IN_KEY_CACHE", "IN_VALUE_CACHE",
-           "IN_CU_SEQLENS", "IN_PAST_SEQLENS", "IN_BLOCK_TABLE", "IN_COS", "IN_SIN",
-           "IN_SLOT_MAPPING", "IN_HEAD_SINK", "IN_Q_NORM", "IN_K_NORM", "IN_K_SCALE", "IN_V_SCALE",
-           "IN_ATTENTION_METADATA"]
+           "IN_KEY_CACHE", "IN_VALUE_CACHE", "IN_CU_SEQLENS", "IN_PAST_SEQLENS", "IN_BLOCK_TABLE",
+           "IN_COS", "IN_SIN", "IN_SLOT_MAPPING", "IN_HEAD_SINK", "IN_Q_NORM", "IN_K_NORM",
+           "IN_K_SCALE", "IN_V_SCALE", "IN_ATTENTION_METADATA"]
 
 OP = "com.microsoft::PagedAttention"
 DOMAIN, OP_TYPE = "com.microsoft", "PagedAttention"
