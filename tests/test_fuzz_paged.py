@@ -12,6 +12,13 @@ CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRunt
 - Oversized cases (one dim or attribute at or past 2**16 / 2**31 / 2**32, or a head size past
   shared memory) are refused before the first launch (by ``workspace_requirement`` when the
   inputs alone decide it) or run with legal launches; never an ``OverflowError``.
+- Bad objects, one class of issue 37 each (numpy or non-integer dims, strides and byte
+  ranges past the pointer width, overlapping outputs/workspace, wrong objects and absent
+  slots, non-integer config knobs, extra slots and unknown or mistyped attributes,
+  sub-float32 attribute values) over the whole path: a typed error (``KernelError``,
+  ``Unsupported``, ``TypeError``, ``ValueError``, ``WorkspaceError``) that launched nothing
+  and left every buffer's bytes alone, or a run. Numpy dims launch exactly what Python ints
+  launch, and the reference refuses a mutated call with the kernel's error type.
 
 GPU half (``TestDevice``, marked gpu): random valid cases on the device against
 ``attnrt.ops.reference`` (output and the updated cache).
@@ -33,7 +40,7 @@ from hypothesis import strategies as st
 from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory
 from attnrt.ops.paged_attention import schema as pa
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
-from attnrt.runtime.errors import KernelError, Unsupported
+from attnrt.runtime.errors import KernelError, Unsupported, WorkspaceError
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
 from tests.test_paged_cpu import make_case, make_node
 
@@ -437,6 +444,285 @@ MUTATIONS = [
 BIG_FIELDS = ["T", "H", "hs", "nb", "bs", "mb", "B", "max_pos", "window", "rotary_offset"]
 
 
+# --------------------------------------------------------------------------- issue 37 classes
+# Bad objects over the whole path (claim, create, workspace, execute): each mutation returns
+# "ok" (must run), "refuse" (must be refused) or "any"; either way a refusal is one of
+# TYPED_ALL, launches nothing and leaves every buffer's bytes as they were (the fake's hooks
+# stamp the cache and the output when the kernels "run").
+TYPED_ALL = (KernelError, Unsupported, TypeError, ValueError, WorkspaceError)
+STAMP = np.full(8, 0x5A, np.uint8)
+WORDS = [None, "absent", "meta", "shape", "array", 7, "x"]
+
+
+def _hooks(rt: FakeRuntime) -> None:
+    for e in ("paged_write_bf16", "paged_write_f16"):
+        rt.on_launch[e] = lambda a: rt.write(int(a[6]), STAMP)
+    for e in ("paged_simple_bf16", "paged_simple_f16", "paged_mla_fwd", "paged_mla_wg_fwd"):
+        rt.on_launch[e] = lambda a: rt.write(int(a[7]), STAMP)
+    rt.on_launch["paged_mla_combine"] = lambda a: rt.write(int(a[2]), STAMP)
+
+
+def _bytes(rt: FakeRuntime, case: SimpleNamespace) -> list[Any]:
+    views = [t for t in list(case.base_inputs) + list(case.base_outputs)
+             if isinstance(t, TensorView) and not t.absent]
+    return [None if (b := rt.read(t.ptr, min(t.nbytes, 4096))) is None else bytes(b) for t in views]
+
+
+def run_full(rt: FakeRuntime, case: SimpleNamespace) -> BaseException | None:
+    """The executor's sequence; a typed refusal is returned, anything else propagates."""
+    try:
+        fac = PagedAttentionFactory(rt, config=PagedAttentionConfig(**case.kw))
+        case.reason = fac.unsupported_reason(case.node, case.shapes, case.dtypes)
+        kern = fac.create(case.node, case.shapes)
+        req = kern.workspace_requirement(case.inputs)
+        ws = case.ws(req) if case.ws else (
+            WorkspaceView(rt.address(req.nbytes), req.nbytes) if req.nbytes and case.use_ws else None)
+        kern.execute(case.inputs, case.outputs, ws)
+    except TYPED_ALL as exc:
+        return exc
+    return None
+
+
+def _case37(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
+    case = build(rt, s)
+    present = [t for t in case.inputs[:16]]
+    case.shapes = [None if _absent(t) else t.shape for t in present]
+    case.dtypes = [None if _absent(t) else t.dtype for t in present]
+    case.base_inputs, case.base_outputs = list(case.inputs), list(case.outputs)
+    case.ws, case.reason = None, None
+    return case
+
+
+def _present(case: SimpleNamespace, data: Any, outputs: bool = False) -> int:
+    idx = [i for i, t in enumerate(case.inputs[:16]) if not _absent(t)]
+    return data.draw(st.sampled_from(idx + ([-1] if outputs else [])), label="slot")
+
+
+def _c1_numpy_dims(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    ints = data.draw(st.sampled_from([np.int32, np.int64, np.uint32, np.uint64, np.intp]), label="np")
+    case.inputs = [t if _absent(t) or not isinstance(t, TensorView)
+                   else type(t)(t.ptr, t.dtype, tuple(ints(d) for d in t.shape)) for t in case.inputs]
+    case.shapes = [None if x is None else tuple(ints(d) for d in x) for x in case.shapes]
+    return "ok"
+
+
+def _c1_float_claim_dim(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = _present(case, data)
+    bad = data.draw(st.sampled_from([2.5, 1.0, True, None, "3", -1]), label="dim")
+    shp = list(case.shapes[i])
+    assume(shp)
+    shp[data.draw(st.integers(0, len(shp) - 1), label="axis")] = bad
+    case.shapes[i] = tuple(shp)
+    return "refuse"
+
+
+def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    i = _present(case, data, outputs=True)
+    t = case.outputs[0] if i < 0 else case.inputs[i]
+    assume(t.rank >= 1 and t.numel > 0)
+    kind = data.draw(st.sampled_from(["stride", "top", "size1"]), label="kind")
+    if kind == "top":
+        gap = data.draw(st.integers(1, 8), label="gap")
+        assume(t.nbytes > gap)  # bytes past 2**64 (a fitting pointer would be foreign to the fake)
+        bad, verdict = type(t)(2**64 - gap, t.dtype, t.shape), "refuse"
+    else:
+        axis = data.draw(st.integers(0, t.rank - 1), label="axis")
+        big = data.draw(st.sampled_from([2**61, 2**62, 2**63, 2**64, -(2**63)] if kind == "stride"
+                                        else [2**20, 2**40]), label="stride")
+        strides = list(t.element_strides)
+        strides[axis] = big
+        bad = type(t)(t.ptr, t.dtype, t.shape, tuple(strides))
+        # Past the pointer width, or non-contiguous; a size-1 axis may carry a large stride.
+        past = abs(big) * t.dtype.itemsize >= 2**63 or t.shape[axis] > 1
+        verdict = "refuse" if kind == "stride" and past else "any"
+    if i < 0:
+        case.outputs[0] = bad
+    else:
+        case.inputs[i] = bad
+    return verdict
+
+
+def _c3_overlap(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    kc, out = case.inputs[pa.IN_KEY_CACHE], case.outputs[0]
+    kind = data.draw(st.sampled_from(["out_on_input", "input_on_cache", "cache_out", "ws_on_out"]),
+                     label="kind")
+    if kind == "out_on_input":
+        t = case.inputs[_present(case, data)]
+        assume(t.nbytes > 2 and out.numel > 0)
+        off = 2 * data.draw(st.integers(0, t.nbytes // 2 - 1), label="off")
+        case.outputs[0] = TensorMut(t.ptr + off, out.dtype, out.shape)
+        return "refuse"
+    if kind == "input_on_cache":
+        i = data.draw(st.sampled_from([j for j, t in enumerate(case.inputs[:16])
+                                       if not _absent(t) and j != pa.IN_KEY_CACHE]), label="in")
+        t = case.inputs[i]
+        assume(t.numel > 0)
+        case.inputs[i] = type(t)(kc.ptr, t.dtype, t.shape)
+        return "refuse"
+    if kind == "cache_out":
+        how = data.draw(st.sampled_from(["same", "zero", "offset", "transposed"]), label="how")
+        strides = {"zero": (0, 0, 0, 0), "transposed": kc.element_strides[::-1]}.get(how)
+        ptr = kc.ptr + (kc.dtype.itemsize if how == "offset" else 0)
+        case.outputs = [out, TensorMut(ptr, kc.dtype, kc.shape, strides)]
+        return "ok" if how == "same" else "refuse"
+    case.ws = lambda req: WorkspaceView(out.ptr // 256 * 256, req.nbytes)
+    return "any"
+
+
+def _c4_objects(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    where = data.draw(st.sampled_from(["input", "container", "output", "workspace"]), label="where")
+    t0 = case.inputs[pa.IN_QUERY]
+    if where == "container":
+        how = data.draw(st.sampled_from(["tuple", "dict", "iter"]), label="how")
+        case.inputs = {"tuple": tuple, "dict": lambda x: dict(enumerate(x)), "iter": iter}[how](case.inputs)
+        return "ok" if how == "tuple" else "refuse"
+    if where == "workspace":
+        bad = data.draw(st.sampled_from([4096, "ws", -1, 0]), label="ws")
+        case.ws = (lambda req: WorkspaceView(bad, req.nbytes)) if bad == 0 else (lambda req: bad)
+        return "any" if bad == 0 else "refuse"
+    if where == "output":
+        out = case.outputs[0]
+        bad = data.draw(st.sampled_from(["none", "empty", "meta", "extra", "tuple"]), label="out")
+        case.outputs = {"none": [None], "empty": [], "meta": [out.meta], "extra": [out, "x"],
+                        "tuple": (out,)}[bad]
+        return "ok" if bad == "tuple" else "refuse"
+    i = data.draw(st.integers(0, 16), label="slot")
+    word = data.draw(st.sampled_from(WORDS), label="word")
+    old = case.inputs[i]
+    new = {None: None, "absent": TensorView.absent_slot(), "shape": (3, 4), 7: 7, "x": "x",
+           "array": np.zeros(3, np.int32),
+           "meta": old.meta if isinstance(old, TensorView) and not old.absent else t0.meta}[word]
+    case.inputs[i] = new
+    if word in (None, "absent"):
+        return "any"
+    return "any" if i == pa.IN_ATTENTION_METADATA and word == "array" else "refuse"
+
+
+def _c5_config(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    name = data.draw(st.sampled_from(["num_splits", "max_splits", "mla_tiles"]), label="knob")
+    good = {"num_splits": [np.int64(2), np.int32(5), None], "max_splits": [np.int16(4)],
+            "mla_tiles": [[32], (np.int64(64), 32)]}[name]
+    bad = {"num_splits": [2.5, 2.0, True, "2", -1, 0, 65536], "max_splits": [2.5, 0, True],
+           "mla_tiles": [(64.0,), (64, 48), ()]}[name]
+    v = data.draw(st.sampled_from(good + bad), label="value")
+    case.kw[name] = v
+    return "refuse" if any(v is b for b in bad) else "any"
+
+
+def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    n, a = case.node, case.node.attributes
+    kind = data.draw(st.sampled_from(["inputs", "outputs", "unknown", "int_attr", "flag", "op",
+                                      "exec_inputs", "exec_outputs"]), label="kind")
+    if kind == "inputs":
+        n.inputs = list(n.inputs) + [None] * (17 - len(n.inputs)) + \
+            ["x"] * data.draw(st.integers(1, 8), label="extra")
+    elif kind == "outputs":
+        n.outputs = list(n.outputs) + ["o2"] * data.draw(st.integers(1, 2), label="extra")
+    elif kind == "unknown":
+        a[data.draw(st.sampled_from(["mask_type", "causal", "smooth_softmax", "num_head"]), label="a")] = 1
+    elif kind == "int_attr":
+        name = data.draw(st.sampled_from(["num_heads", "kv_num_heads", "local_window_size",
+                                          "v_head_size", "rotary_offset"]), label="attr")
+        v = a.get(name, 0)
+        new = data.draw(st.sampled_from([float(v), bool(v), np.int64(v), np.float32(v)]), label="v")
+        a[name] = new
+        return "any" if isinstance(new, np.integer) else "refuse"
+    elif kind == "flag":
+        a[data.draw(st.sampled_from(["do_rotary", "rotary_interleaved"]), label="f")] = \
+            data.draw(st.sampled_from([2, -1, 1.0]), label="v")
+    elif kind == "op":
+        if data.draw(st.booleans(), label="domain"):
+            n.domain = data.draw(st.sampled_from(["", "pkg.nxrt", "com.microsoft.x"]), label="d")
+        else:
+            n.op_type = data.draw(st.sampled_from(["Attention", "pagedattention"]), label="t")
+    elif kind == "exec_inputs":
+        case.inputs = list(case.inputs) + [None] * data.draw(st.integers(1, 8), label="extra")
+    else:
+        case.outputs = list(case.outputs) + [None] * (2 - len(case.outputs)) + [case.outputs[0]]
+    return "refuse"
+
+
+def _c8_floats(case: SimpleNamespace, data: Any, s: Spec) -> str:
+    name = data.draw(st.sampled_from(["softcap", "scale"]), label="attr")
+    v = data.draw(st.sampled_from([1e-46, -1e-46, 1e-40, 1e-39, 3.4e38, 3.5e38, np.float16(0.5),
+                                   np.float64(2.0)]), label="v")
+    case.node.attributes[name] = v
+    case.float_attr = (name, v)
+    return "any"
+
+
+CLASSES = [_c1_numpy_dims, _c1_float_claim_dim, _c2_strides, _c3_overlap, _c4_objects, _c5_config,
+           _c6_node, _c8_floats]
+
+
+@st.composite
+def host_cases(draw: Any) -> SimpleNamespace:
+    """A small valid case as numpy arrays (for the reference and the kernel alike)."""
+    hs = draw(st.sampled_from([16, 32, 80]))
+    B = draw(st.integers(1, 2))
+    return make_case(np.random.default_rng(draw(st.integers(0, 2**16))),
+                     dtype=draw(st.sampled_from([BF16, F16])), H=draw(st.integers(1, 3)), hs=hs,
+                     vhs=draw(st.sampled_from([hs, hs // 2])), bs=16,
+                     q_lens=tuple(draw(st.lists(st.integers(0, 3), min_size=B, max_size=B))),
+                     past_lens=tuple(draw(st.lists(st.integers(0, 20), min_size=B, max_size=B))),
+                     rope=draw(st.sampled_from([None, "half", "interleaved"])), rd=8,
+                     offset=draw(st.integers(0, hs - 8)))
+
+
+HOST_ATTRS = [("local_window_size", -5), ("local_window_size", 2), ("scale", math.nan),
+              ("scale", 1e-46), ("scale", -1.0), ("scale", 0.0), ("softcap", 1e-46),
+              ("softcap", -1.0), ("softcap", 5.0), ("do_rotary", 2), ("do_rotary", 1),
+              ("do_rotary", 0), ("rotary_offset", 1000), ("kv_num_heads", 4),
+              ("kv_num_heads", 1.0), ("kv_num_heads", True), ("kv_cache_layout", "SEPARATE"),
+              ("num_heads", 2.5), ("num_heads", 0), ("num_heads", 4), ("qk_output", 1),
+              ("v_head_size", 10**6)]
+HOST_ARRAYS = ["trim", "flat", "axis", "float32", "float64", "int64", "int16", "bool", "drop"]
+
+
+def _host_mutation(c: SimpleNamespace, data: Any) -> None:
+    kind = data.draw(st.sampled_from(["attr", "array", "count", "value"]), label="kind")
+    if kind == "attr":
+        name, v = data.draw(st.sampled_from(HOST_ATTRS), label="attr")
+        c.node.attributes[name] = v
+    elif kind == "array":
+        i = data.draw(st.sampled_from([i for i, x in enumerate(c.inputs[:16]) if x is not None]), label="i")
+        x, how = c.inputs[i], data.draw(st.sampled_from(HOST_ARRAYS), label="how")
+        c.inputs[i] = {"trim": lambda: x[:-1], "flat": lambda: x.reshape(-1), "axis": lambda: x[..., None],
+                       "drop": lambda: None}.get(how, lambda: x.astype(how))()
+    elif kind == "count":
+        n = data.draw(st.sampled_from([0, 3, 7, 10, 18, 20]), label="n")
+        c.inputs = c.inputs[:n] if n < 17 else c.inputs + [None] * (n - 17)
+    else:
+        c.node.inputs = list(c.node.inputs) + [None] * (17 - len(c.node.inputs))
+        c.node.inputs[pa.IN_VALUE] = "value"
+        c.inputs[pa.IN_VALUE] = c.inputs[pa.IN_KEY].copy()
+
+
+def _kernel_verdict(c: SimpleNamespace) -> BaseException | None:
+    """The kernel's whole path on the fake, on the same arrays."""
+    rt = FakeRuntime()
+    views = [None if x is None else TensorView(rt.put(x), DataType.from_numpy(x.dtype), x.shape)
+             for x in c.inputs]
+    out = TensorMut(rt.put(np.zeros((c.T, c.H * c.vhs), c.inputs[0].dtype if c.inputs else np.float16)),
+                    c.dtype, (c.T, c.H * c.vhs))
+    case = SimpleNamespace(node=c.node, kw={}, shapes=[None if v is None else v.shape for v in views[:16]],
+                           dtypes=[None if v is None else v.dtype for v in views[:16]], inputs=views,
+                           outputs=[out], ws=None, use_ws=True)
+    err = run_full(rt, case)
+    assert err is None or rt.launch_count == 0, f"launched {rt.names()} before {err!r}"
+    return err
+
+
+def _reference_verdict(c: SimpleNamespace) -> BaseException | None:
+    from attnrt.ops import reference
+
+    try:
+        reference.paged_attention(c.node, c.inputs, strict=False)
+    except TYPED_ALL as exc:
+        return exc
+    return None
+
+
 # --------------------------------------------------------------------------- CPU properties
 class TestHost:
     """No GPU: the fake runtime records launches and refuses illegal ones."""
@@ -490,6 +776,52 @@ class TestHost:
             if inputs_only:
                 assert stage in ("create", "workspace"), (
                     f"only execute refused it ({err}); workspace_requirement planned it")
+
+    @pytest.mark.parametrize("mutate", CLASSES, ids=lambda m: m.__name__)
+    @PER_MUTATION
+    @given(s=specs(), data=st.data())
+    def test_issue37_classes_are_typed_refusals_that_change_nothing(self, mutate: Any, s: Spec,
+                                                                     data: Any) -> None:
+        rt = FakeRuntime()
+        _hooks(rt)
+        case = _case37(rt, s)
+        verdict = mutate(case, data, s)
+        before = _bytes(rt, case)
+        err = run_full(rt, case)
+        if err is None:
+            assert verdict != "refuse", f"{mutate.__name__}: accepted ({rt.names()})"
+            name, v = getattr(case, "float_attr", (None, None))
+            reads = [x for x in rt.launches if "simple" in x.name or "fwd" in x.name]
+            if name and reads:  # the kernels get the attribute's float32 value
+                at = (-2 if "simple" in reads[0].name else -3) - (name == "scale")
+                assert reads[0].args[at] == np.float32(v), (name, v, reads[0].args[at])
+        else:
+            assert verdict != "ok", f"{mutate.__name__}: refused a valid call: {err!r}"
+            assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before {err!r}"
+            assert _bytes(rt, case) == before, f"{mutate.__name__}: a buffer changed before {err!r}"
+        assert rt.memory_stats().live_bytes == 0
+
+    @settings(CPU_SETTINGS, max_examples=30)
+    @given(s=specs(), data=st.data())
+    def test_numpy_integer_dims_launch_what_python_ints_launch(self, s: Spec, data: Any) -> None:
+        records = []
+        for numpy_dims in (False, True):
+            rt = FakeRuntime()  # fresh: the same addresses in the same order
+            case = _case37(rt, s)
+            if numpy_dims:
+                _c1_numpy_dims(case, data, s)
+            assert run_full(rt, case) is None
+            records.append([(x.name, x.grid, x.block, x.shared_mem, [repr(a) for a in x.args])
+                            for x in rt.launches])
+        assert records[0] == records[1]
+
+    @settings(CPU_SETTINGS, max_examples=60)
+    @given(c=host_cases(), data=st.data())
+    def test_reference_refuses_exactly_what_the_kernel_refuses(self, c: SimpleNamespace,
+                                                               data: Any) -> None:
+        _host_mutation(c, data)
+        kern, ref = _kernel_verdict(c), _reference_verdict(c)
+        assert type(kern) is type(ref), f"kernel {kern!r} but reference {ref!r}"
 
 
 BIG = [65535, 65536, 2**31 - 1, 2**31, 2**31 + 5, 2**32 + 3]

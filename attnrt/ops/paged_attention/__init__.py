@@ -6,6 +6,7 @@ whose leading ``v_head_size`` channels are the values. Each call writes the new 
 it. The modules, one concern each:
 
 * :mod:`.schema`: inputs, attributes, claim-time gate, shape/dtype validation;
+* :mod:`.calls`: a call's objects in the shared form (views, metadata, host arrays), aliases;
 * :mod:`.plan`: the pure planner and :class:`PagedAttentionConfig`, its only knobs;
 * :mod:`.builds`: compile variants and the kernels' launch facts;
 * :mod:`.kernel`: the factory and the kernel (validate, plan, write phase, read launch);

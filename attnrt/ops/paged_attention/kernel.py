@@ -19,14 +19,14 @@ from attnrt.runtime.api import (
     DataType,
     Node,
     TensorMut,
-    TensorView,
     WorkspaceRequirement,
     WorkspaceView,
 )
-from attnrt.runtime.errors import Unsupported
+from attnrt.runtime.errors import Unsupported, WorkspaceError
 
 from .._common import Variant, check_workspace, expect, get_function
 from . import builds
+from .calls import call_metas, call_views, check_aliases
 from .plan import (
     DEFAULT_DEVICE,
     WS_ALIGN,
@@ -46,13 +46,12 @@ from .schema import (
     IN_QUERY,
     IN_SIN,
     IN_SLOT_MAPPING,
-    INPUT_NAMES,
     OP,
     PAGED_POSITION_OUT_OF_RANGE,
     POSITION_BIT_NAME,
     PagedGeometry,
+    check_node,
     host_metadata,
-    is_absent,
     parse_attrs,
     unsupported_reason,
     validate,
@@ -61,6 +60,7 @@ from .schema import (
 __all__ = ["PagedAttentionFactory", "PagedAttentionKernel"]
 
 _ALL_PHASES = frozenset(("write", "read", "combine"))
+_GRID_MAX = (2**31 - 1, 65535, 65535)
 
 
 class PagedAttentionFactory:
@@ -80,7 +80,13 @@ class PagedAttentionFactory:
 
     def unsupported_reason(self, node: Node, shapes: Sequence[Sequence[int] | None],
                            dtypes: Sequence[DataType | None]) -> str | None:
-        """Pure, no GPU: ``None`` when this factory takes the node, else why not."""
+        """Pure, no GPU: ``None`` when this factory takes the node, else why not.
+
+        Raises
+        ------
+        TypeError
+            ``node`` is not a Node or its attributes are not a dict.
+        """
         return unsupported_reason(node, shapes, dtypes)
 
     def create(self, node: Node, input_shapes: Sequence[Sequence[int] | None] = ()) -> PagedAttentionKernel:
@@ -88,11 +94,16 @@ class PagedAttentionFactory:
 
         Raises
         ------
-        Unsupported
-            The node is a mode this kernel declines (the reason names it).
+        TypeError
+            ``node`` is not a Node or its attributes are not a dict.
         KernelError
-            An attribute is invalid.
+            Another op, an unknown or invalid attribute, or more inputs/outputs than the op
+            defines.
+        Unsupported
+            The node is a mode this kernel declines, or a shape is not a sequence of
+            non-negative integers (the reason names it).
         """
+        check_node(node)
         reason = unsupported_reason(node, input_shapes, (), attributes=False)
         if reason is not None:
             raise Unsupported(reason)
@@ -113,8 +124,10 @@ class PagedAttentionKernel:
 
     Raises
     ------
+    TypeError
+        ``node`` is not a Node or its attributes are not a dict.
     KernelError
-        An attribute is invalid.
+        An attribute is invalid or unknown, or the node has too many inputs/outputs.
     """
 
     def __init__(self, rt: Any, node: Node, *, config: PagedAttentionConfig | None = None) -> None:
@@ -154,6 +167,8 @@ class PagedAttentionKernel:
 
         Raises
         ------
+        TypeError
+            ``inputs`` is not a list, or a slot is not metadata, a view or ``None``.
         KernelError
             The inputs do not fit the node.
         """
@@ -166,23 +181,26 @@ class PagedAttentionKernel:
 
         Raises
         ------
+        TypeError
+            As :meth:`validate`.
         KernelError
             A shape, dtype or attribute does not fit; the message names it.
         """
-        geo = self.validate(inputs, outputs)
-        meta = host_metadata(inputs[IN_ATTENTION_METADATA]) if len(inputs) > IN_ATTENTION_METADATA \
-            else None
-        return self._plan(geo, meta, aligned)
+        ins = call_metas(inputs)
+        return self._plan(validate(self.attrs, ins, outputs), host_metadata(ins[IN_ATTENTION_METADATA]),
+                          aligned)
 
     def validate(self, inputs: Sequence[Any], outputs: Sequence[Any] | None = None) -> PagedGeometry:
         """Check every shape, dtype and attribute from metadata alone.
 
         Raises
         ------
+        TypeError
+            ``inputs`` is not a list, or a slot (or output) is not metadata, a view or ``None``.
         KernelError
             The first problem found, naming the input, the value and what was expected.
         """
-        return validate(self.attrs, inputs, outputs)
+        return validate(self.attrs, call_metas(inputs), outputs)
 
     def _caps(self) -> Any:
         return self.rt.capabilities if self.rt is not None else DEFAULT_DEVICE
@@ -195,28 +213,30 @@ class PagedAttentionKernel:
                 workspace: WorkspaceView | None = None) -> None:
         """Validate on the host, then launch the write and read phases on ``rt.stream``.
 
+        Every check (and every compile) happens before the first launch, so a refused call
+        changes nothing on the device.
+
         Raises
         ------
+        TypeError
+            ``inputs``/``outputs`` are not lists of views (``None`` for an absent slot), or
+            ``workspace`` is not a :class:`WorkspaceView`.
         KernelError
-            A shape, dtype, attribute or alias does not fit, or the stream is capturing a
-            signature that has not run eagerly; nothing was launched.
+            A shape, dtype, attribute or alias does not fit, an output overlaps an input,
+            more inputs/outputs than the op defines, or the stream is capturing a signature
+            that has not run eagerly; nothing was launched.
         WorkspaceError
             ``workspace`` is shorter than :meth:`workspace_requirement` (or misaligned).
         """
         self._last_ok = False
         expect(self.rt is not None, f"{OP}: this kernel was created without a runtime (plan-only)")
-        ins = list(inputs) + [None] * (17 - len(inputs))
-        outs = list(outputs)
-        geo = self.validate(ins, outs)
-        views = [None if is_absent(x) else x for x in ins[:16]]
-        for i, v in enumerate(views):
-            expect(v is None or isinstance(v, TensorView),
-                   f"{OP}: input '{INPUT_NAMES[i]}' ({i}) must be a device TensorView")
-        q, kc = views[IN_QUERY], views[IN_KEY_CACHE]
-        out = outs[0]
-        if len(outs) > 1 and not is_absent(outs[1]):
-            expect(outs[1].ptr == kc.ptr, f"{OP}: output 1 ('key_cache_out') at 0x{outs[1].ptr:x} "
-                   f"must alias key_cache at 0x{kc.ptr:x} (the cache is updated in place)")
+        ins, outs = call_views(inputs, outputs)
+        if workspace is not None and not isinstance(workspace, WorkspaceView):
+            raise TypeError(f"{OP}: workspace must be a WorkspaceView or None, got "
+                            f"{type(workspace).__name__}")
+        geo = validate(self.attrs, ins, outs)
+        views: list[Any] = [None if v.absent else v for v in ins[:16]]
+        q, kc, out = views[IN_QUERY], views[IN_KEY_CACHE], outs[0]
         meta = host_metadata(ins[IN_ATTENTION_METADATA])
         aligned = all(t.ptr % 16 == 0 for t in (q, kc, out))
         plan = self._plan(geo, meta, aligned)
@@ -224,16 +244,22 @@ class PagedAttentionKernel:
             plan = unsplit(plan)
         check_workspace(OP, WorkspaceRequirement(plan.ws_bytes, WS_ALIGN) if plan.ws_bytes
                         else WorkspaceRequirement.NONE, workspace)
+        ws_bytes = plan.ws_bytes if workspace is not None else 0
+        if ws_bytes and workspace.ptr == 0:  # type: ignore[union-attr]
+            raise WorkspaceError(f"{OP}: the workspace pointer is null", required=ws_bytes,
+                                 provided=workspace.nbytes)  # type: ignore[union-attr]
+        check_aliases(ins, outs, workspace.ptr if ws_bytes else 0, ws_bytes)  # type: ignore[union-attr]
         signature = (geo, plan, tuple(None if v is None else v.shape for v in views),
-                     len(outs) > 1 and not is_absent(outs[1]))
+                     not outs[1].absent)
         capturing = self.rt.is_capturing()
         # Only warmed signatures may be captured: docs/notes/paged_attention.md#capture-gating
         expect(not capturing or signature in self._warmed,
                f"{OP}: this shape/dtype/plan has not run eagerly on this kernel; warm the exact "
                "signature before capturing")
+        launches = self._launches(geo, plan, views, out, workspace) if plan.path != "none" else []
         self.last_plan = plan
-        if plan.path != "none":
-            self._launch(geo, plan, views, out, workspace)
+        for fn, grid, block, args, smem in launches:
+            self.rt.launch(fn, grid, block, args, shared_mem=smem)
         if not capturing:
             self._warmed.add(signature)
         self._last_ok = True
@@ -245,9 +271,11 @@ class PagedAttentionKernel:
             fn = self._fns[key] = get_function(self.rt, variant, entry)
         return fn
 
-    def _launch(self, g: PagedGeometry, p: PagedPlan, v: list, out: TensorMut,
-                ws: WorkspaceView | None) -> None:
-        a, rt = self.attrs, self.rt
+    def _launches(self, g: PagedGeometry, p: PagedPlan, v: list, out: TensorMut,
+                  ws: WorkspaceView | None) -> list[tuple]:
+        """Every launch of the call as ``(fn, grid, block, args, shared_mem)``, compiled and
+        checked against the launch limits, so that nothing can fail between two launches."""
+        a = self.attrs
         i32, f32 = np.int32, np.float32
         sfx = "bf16" if g.dtype == DataType.BFLOAT16 else "f16"
         q, key, kc = v[IN_QUERY], v[IN_KEY], v[IN_KEY_CACHE]
@@ -255,26 +283,27 @@ class PagedAttentionKernel:
         rot = int(g.rotary_dim > 0)
         # Without RoPE the cos/sin pointers are never read; pass a valid one anyway.
         cos_p, sin_p = (v[IN_COS].ptr, v[IN_SIN].ptr) if rot else (q.ptr, q.ptr)
-        latch = rt.capture_error_ptr()
+        latch = self.rt.capture_error_ptr()
         rope = [i32(g.rotary_dim), i32(a.rotary_offset), i32(g.max_pos), i32(int(a.interleaved)),
                 i32(rot)]
         small = builds.small_variant()
+        todo: list[tuple] = []
         if "write" in self._phases:
-            rt.launch(self._fn(small, f"paged_write_{sfx}"), (g.tokens, 1, 1),
-                      (builds.WRITE_THREADS, 1, 1),
-                      [key.ptr, cos_p, sin_p, slot.ptr, cu.ptr, past.ptr, kc.ptr, latch,
-                       i32(g.tokens), i32(g.batch), i32(g.head_size),
-                       i32(g.num_blocks * g.block_size), *rope])
+            todo.append((self._fn(small, f"paged_write_{sfx}"), (g.tokens, 1, 1),
+                         (builds.WRITE_THREADS, 1, 1),
+                         [key.ptr, cos_p, sin_p, slot.ptr, cu.ptr, past.ptr, kc.ptr, latch,
+                          i32(g.tokens), i32(g.batch), i32(g.head_size),
+                          i32(g.num_blocks * g.block_size), *rope], 0))
         common = [i32(g.num_blocks), i32(g.block_size), i32(g.max_blocks), *rope, f32(g.scale),
                   f32(a.softcap), i32(a.window)]
         if p.path == "simple":
             smem = builds.simple_smem_bytes(g.head_size, g.v_head_size)
-            rt.launch(self._fn(small, f"paged_simple_{sfx}"), (g.tokens * g.heads, 1, 1),
-                      (builds.SIMPLE_THREADS, 1, 1),
-                      [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, latch,
-                       i32(g.tokens), i32(g.heads), i32(g.batch), i32(g.head_size),
-                       i32(g.v_head_size), *common], shared_mem=smem)
-            return
+            todo.append((self._fn(small, f"paged_simple_{sfx}"), (g.tokens * g.heads, 1, 1),
+                         (builds.SIMPLE_THREADS, 1, 1),
+                         [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, latch,
+                          i32(g.tokens), i32(g.heads), i32(g.batch), i32(g.head_size),
+                          i32(g.v_head_size), *common], smem))
+            return self._checked(todo)
         # The wgmma kernel uses the mma.sync variant's combine (same partials layout).
         mla = builds.mla_variant(g.dtype, p.block_n if p.path == "mla" else builds.WG_BLOCK_N)
         ws_o, ws_lse = (ws.ptr, ws.ptr + p.ws_lse_offset) if ws is not None and p.splits > 1 \
@@ -285,11 +314,21 @@ class PagedAttentionKernel:
                 smem = builds.mla_wg_smem_bytes(g.head_size)
             else:
                 fn, smem = self._fn(mla, "paged_mla_fwd"), builds.mla_smem_bytes(p.block_n, g.head_size)
-            rt.launch(fn, (p.grid_x, p.splits, 1), (builds.MLA_THREADS, 1, 1),
-                      [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o, ws_lse,
-                       latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.splits)],
-                      shared_mem=smem)
+            todo.append((fn, (p.grid_x, p.splits, 1), (builds.MLA_THREADS, 1, 1),
+                         [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o,
+                          ws_lse, latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common,
+                          i32(p.splits)], smem))
         if p.splits > 1 and "combine" in self._phases:
             rows = g.tokens * g.heads
-            rt.launch(self._fn(mla, "paged_mla_combine"), (rows, 1, 1), (builds.COMBINE_THREADS, 1, 1),
-                      [ws_o, ws_lse, out.ptr, i32(rows), i32(p.splits)])
+            todo.append((self._fn(mla, "paged_mla_combine"), (rows, 1, 1),
+                         (builds.COMBINE_THREADS, 1, 1), [ws_o, ws_lse, out.ptr, i32(rows),
+                                                          i32(p.splits)], 0))
+        return self._checked(todo)
+
+    def _checked(self, todo: list[tuple]) -> list[tuple]:
+        optin = self._caps().max_shared_per_block_optin
+        for fn, grid, _, _, smem in todo:
+            expect(all(0 < n <= m for n, m in zip(grid, _GRID_MAX)) and smem <= optin,
+                   f"{OP}: launch of {getattr(fn, 'name', fn)} with grid {grid} and {smem} bytes "
+                   f"of shared memory exceeds the device's limits {_GRID_MAX} / {optin} bytes")
+        return todo

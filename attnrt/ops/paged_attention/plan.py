@@ -9,6 +9,7 @@ are the rules in ``docs/notes/paged_attention.md#read-paths``.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,6 +56,16 @@ class SplitCost:
     partial_us: float
 
 
+def _integer(v: Any, name: str) -> int:
+    """``v`` as a Python int; a float (even ``2.0``), a bool or anything else is refused."""
+    if isinstance(v, (bool, np.bool_)):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    try:
+        return int(operator.index(v))
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {v!r}") from None
+
+
 @dataclass(frozen=True)
 class PagedAttentionConfig:
     """Every knob of the PagedAttention planner; the defaults are the shipped behaviour.
@@ -85,7 +96,8 @@ class PagedAttentionConfig:
     Raises
     ------
     ValueError
-        An unknown path, a split count outside [1, 65535], or an unbuilt tile.
+        An unknown path, a split count outside [1, 65535], an unbuilt tile, or an integer
+        knob (``num_splits``, ``max_splits``, ``mla_tiles``) that is not an integer.
     """
 
     path: str = "auto"
@@ -98,15 +110,25 @@ class PagedAttentionConfig:
     combine_bytes_per_us: float = 3.0e6
 
     def __post_init__(self) -> None:
+        # Integer knobs are checked (and numpy integers converted) here, so that a bad value
+        # is refused when the config is built, never half-way through a call's launches.
         if self.path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {self.path!r}")
-        if self.num_splits is not None and not 1 <= int(self.num_splits) <= 65535:
-            raise ValueError(f"num_splits must be in [1, 65535], got {self.num_splits!r}")
-        if self.max_splits < 1:
+        if self.num_splits is not None:
+            n = _integer(self.num_splits, "num_splits")
+            if not 1 <= n <= 65535:
+                raise ValueError(f"num_splits must be in [1, 65535], got {self.num_splits!r}")
+            object.__setattr__(self, "num_splits", n)
+        m = _integer(self.max_splits, "max_splits")
+        if m < 1:
             raise ValueError(f"max_splits must be >= 1, got {self.max_splits!r}")
-        if not self.mla_tiles or any(t not in MLA_TILES for t in self.mla_tiles):
+        object.__setattr__(self, "max_splits", m)
+        tiles = self.mla_tiles
+        if (not isinstance(tiles, (tuple, list)) or not tiles
+                or any(_integer(t, "mla_tiles") not in MLA_TILES for t in tiles)):
             raise ValueError(f"mla_tiles must be a non-empty subset of the built tiles "
                              f"{MLA_TILES}, got {self.mla_tiles!r}")
+        object.__setattr__(self, "mla_tiles", tuple(int(t) for t in tiles))
 
     def split_cost(self, path: str) -> SplitCost:
         """The cost model of latent path ``path`` (``"mla"`` or ``"wg"``)."""

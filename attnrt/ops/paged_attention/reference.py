@@ -6,22 +6,25 @@ its position, rounded to the cache dtype) into a copy of ``key_cache``; the read
 causal attention of every (token, head) over the cached keys ``j <= p`` through
 ``block_table``, with V the leading ``v_head_size`` channels of the same rows. Inputs are
 never modified.
+
+A call is validated as the kernel validates it (:func:`.calls.check_host_call`: the same
+rules on the arrays' shapes and dtypes, the same typed errors), and the attribute values
+are the parsed ones (float attributes rounded to float32, as the kernels use them). Only
+the math below is the reference's own.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from attnrt.runtime.api import Node
 
+from .calls import check_host_call
+
 __all__ = ["paged_attention"]
-
-
-def _attr(node: Node, name: str, default):
-    return node.attributes.get(name, default)
 
 
 def _rope(x: np.ndarray, pos: int, cos: np.ndarray, sin: np.ndarray, offset: int,
@@ -52,8 +55,9 @@ def _locate(cu: np.ndarray, batch: int, t: int) -> int:
 
 
 def paged_attention(node: Node, inputs: Sequence[np.ndarray | None], *,
-                    strict: bool = True) -> list[np.ndarray]:
-    """``[output [T, H * v_head_size], updated key_cache]`` in the inputs' dtype.
+                    strict: bool = True, out_dtype: Any = None) -> list[np.ndarray]:
+    """``[output [T, H * v_head_size], updated key_cache]`` in the inputs' dtype (the output
+    in ``out_dtype`` when given, e.g. ``np.float64`` for the result before rounding).
 
     Parameters
     ----------
@@ -70,29 +74,24 @@ def paged_attention(node: Node, inputs: Sequence[np.ndarray | None], *,
 
     Raises
     ------
+    TypeError
+        The node is malformed, or an input is not a numpy array (or ``None``).
+    Unsupported
+        A mode the kernel declines (SEPARATE layout, ``kv_num_heads != 1``, ``value``...).
+    KernelError
+        What the kernel refuses: a shape, dtype or attribute that does not fit, fewer
+        than the required inputs, unknown attributes, extra inputs.
     ValueError
         ``strict`` and an index input points outside the cache, table or cos/sin table.
     """
-    q, key, kc = np.asarray(inputs[0]), np.asarray(inputs[1]), np.asarray(inputs[3])
-    cu = np.asarray(inputs[5]).astype(np.int64)
-    past = np.asarray(inputs[6]).astype(np.int64)
-    bt = np.asarray(inputs[7]).astype(np.int64)
-    slots = np.asarray(inputs[10]).astype(np.int64)
+    a, g = check_host_call(node, inputs)
+    q, key, kc = inputs[0], inputs[1], inputs[3]
+    cu, past, bt, slots = (np.asarray(inputs[i]).astype(np.int64) for i in (5, 6, 7, 10))
     dtype = q.dtype
-    H = int(_attr(node, "num_heads", 0))
+    H, vhs, scale = a.num_heads, g.v_head_size, g.scale
     nb, bs, _, hs = kc.shape
-    vhs = int(_attr(node, "v_head_size", 0)) or hs
-    scale = float(_attr(node, "scale", 0.0))
-    if scale == 0.0:  # not given (0 is the ONNX default)
-        if vhs != hs:
-            raise ValueError("PagedAttention reference: 'scale' is required when v_head_size "
-                             f"({vhs}) != head_size ({hs})")
-        scale = 1.0 / math.sqrt(hs)
-    softcap = float(_attr(node, "softcap", 0.0))
-    window = int(_attr(node, "local_window_size", -1))
-    rotary = int(_attr(node, "do_rotary", 0)) != 0
-    interleaved = int(_attr(node, "rotary_interleaved", 0)) != 0
-    offset = int(_attr(node, "rotary_offset", 0))
+    softcap, window, rotary = a.softcap, a.window, a.do_rotary
+    interleaved, offset = a.interleaved, a.rotary_offset
     cos = np.asarray(inputs[8]) if rotary else np.zeros((0, 1))
     sin = np.asarray(inputs[9]) if rotary else np.zeros((0, 1))
     T, B, max_blocks = q.shape[0], past.shape[0], bt.shape[1]
@@ -161,4 +160,4 @@ def paged_attention(node: Node, inputs: Sequence[np.ndarray | None], *,
         p = np.exp(s)
         p /= p.sum(axis=1, keepdims=True)
         out[t] = p @ k[:, :vhs]
-    return [out.reshape(T, H * vhs).astype(dtype), cache]
+    return [out.reshape(T, H * vhs).astype(dtype if out_dtype is None else out_dtype), cache]

@@ -5,6 +5,18 @@ Everything here is pure host code on metadata: the claim-time gate
 checks that turn a call's inputs into a :class:`PagedGeometry` (:func:`validate`). The
 declined modes and the int32 limits are described in
 ``docs/notes/paged_attention.md#schema``.
+
+The rules are the shared ones of :mod:`attnrt.ops._validate`, applied identically by the
+claim, ``create``, ``workspace_requirement``, ``execute`` and the reference (the call-time
+forms are in :mod:`.calls`): the node may carry only the attributes in :data:`KNOWN_ATTRS`, at
+most 17 inputs and 2 outputs; integer attributes must be integers (``do_rotary`` and
+``rotary_interleaved`` 0 or 1); shapes are Python ints.
+
+Float attributes (``scale``, ``softcap``) are rounded to float32 once, when parsed
+(:func:`attnrt.ops._validate.float32_attr`): that is the value the kernels compute with,
+and the reference uses the same parsed value. So ``softcap=1e-46`` is 0 (disabled) for
+both; a non-zero ``scale`` that rounds to 0 is refused, since 0 means "not given". The
+default scale ``1/sqrt(head_size)`` is rounded the same way.
 """
 
 from __future__ import annotations
@@ -20,15 +32,16 @@ import numpy as np
 from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorView
 from attnrt.runtime.errors import KernelError
 
+from .. import _validate as V
 from .._common import expect
 
 __all__ = ["OP", "DOMAIN", "OP_TYPE", "INPUT_NAMES", "REQUIRED", "DECLINED_INPUTS", "QUANT_ATTRS",
-           "SUPPORTED", "PAGED_POSITION_OUT_OF_RANGE", "PagedAttrs", "PagedGeometry",
-           "parse_attrs", "unsupported_reason", "validate", "host_metadata", "is_absent",
-           "as_metadata", "IN_QUERY", "IN_KEY", "IN_VALUE", "IN_KEY_CACHE", "IN_VALUE_CACHE",
-           "IN_CU_SEQLENS", "IN_PAST_SEQLENS", "IN_BLOCK_TABLE", "IN_COS", "IN_SIN",
-           "IN_SLOT_MAPPING", "IN_HEAD_SINK", "IN_Q_NORM", "IN_K_NORM", "IN_K_SCALE", "IN_V_SCALE",
-           "IN_ATTENTION_METADATA"]
+           "KNOWN_ATTRS", "MAX_INPUTS", "MAX_OUTPUTS", "SUPPORTED", "PAGED_POSITION_OUT_OF_RANGE",
+           "PagedAttrs", "PagedGeometry", "check_node", "parse_attrs", "unsupported_reason",
+           "validate", "host_metadata", "is_absent", "as_metadata", "IN_QUERY", "IN_KEY", "IN_VALUE",
+           "IN_KEY_CACHE", "IN_VALUE_CACHE", "IN_CU_SEQLENS", "IN_PAST_SEQLENS", "IN_BLOCK_TABLE",
+           "IN_COS", "IN_SIN", "IN_SLOT_MAPPING", "IN_HEAD_SINK", "IN_Q_NORM", "IN_K_NORM",
+           "IN_K_SCALE", "IN_V_SCALE", "IN_ATTENTION_METADATA"]
 
 OP = "com.microsoft::PagedAttention"
 DOMAIN, OP_TYPE = "com.microsoft", "PagedAttention"
@@ -52,6 +65,11 @@ DECLINED_INPUTS = {
     IN_V_SCALE: "v_scale (quantized cache)",
 }
 QUANT_ATTRS = ("k_quant_type", "v_quant_type", "k_cache_dtype", "v_cache_dtype")
+#: Every attribute the schema defines (declined ones included: they are named in the reason).
+KNOWN_ATTRS = frozenset(("num_heads", "kv_num_heads", "kv_cache_layout", "scale", "softcap",
+                         "local_window_size", "do_rotary", "rotary_interleaved", "rotary_offset",
+                         "v_head_size", *QUANT_ATTRS))
+MAX_INPUTS, MAX_OUTPUTS = 17, 2  # output 1: key_cache_out, the in-place cache
 SUPPORTED = (DataType.FLOAT16, DataType.BFLOAT16)
 
 #: Latch bit for a RoPE position outside cos_cache (registered by name on the runtime).
@@ -76,42 +94,62 @@ class PagedAttrs:
     rotary_offset: int
 
 
-def parse_attrs(node: Node) -> PagedAttrs:
-    """Read and check the attributes of ``node``.
+def check_node(node: Any) -> None:
+    """The shared node rules: a :class:`Node` of this op with a dict of known attributes and
+    at most :data:`MAX_INPUTS` inputs and :data:`MAX_OUTPUTS` outputs.
 
     Raises
     ------
+    TypeError
+        ``node`` is not a Node or its attributes are not a dict.
+    KernelError
+        Another op, an unknown attribute, or too many inputs/outputs (the message names them).
+    """
+    V.check_node(node, OP, DOMAIN, OP_TYPE, KNOWN_ATTRS, MAX_INPUTS, MAX_OUTPUTS)
+
+
+def _flag(attrs: Any, name: str) -> bool:
+    v = V.int_attr(attrs, name, 0, OP)
+    expect(v in (0, 1), f"{OP}: attribute {name} must be 0 or 1, got {v}")
+    return v == 1
+
+
+def parse_attrs(node: Node) -> PagedAttrs:
+    """Check ``node`` (:func:`check_node`) and read its attributes.
+
+    Raises
+    ------
+    TypeError
+        As :func:`check_node`.
     KernelError
         An attribute has the wrong type or an invalid value (the message names it).
     """
-    try:
-        a = PagedAttrs(node.attr_int("num_heads", 0), node.attr_int("v_head_size", 0),
-                       # scale = 0 (the ONNX default) means "not given", as in onnxruntime.
-                       (node.attr_float("scale") or None) if node.has("scale") else None,
-                       node.attr_float("softcap", 0.0), node.attr_int("local_window_size", -1),
-                       node.attr_int("do_rotary", 0) != 0,
-                       node.attr_int("rotary_interleaved", 0) != 0,
-                       node.attr_int("rotary_offset", 0))
-    except (TypeError, ValueError) as exc:
-        raise KernelError(f"{OP}: {exc}") from None
+    check_node(node)
+    at = node.attributes
+    scale = None
+    if "scale" in at:
+        # scale = 0 (the ONNX default) means "not given", as in onnxruntime.
+        scale = V.float32_attr(at, "scale", 0.0, OP)
+        expect(scale != 0.0 or at["scale"] == 0, f"{OP}: attribute scale={at['scale']!r} is 0 in "
+               "float32 (0 means 'not given'); pass a float32-representable scale")
+        scale = scale or None
+    a = PagedAttrs(V.int_attr(at, "num_heads", 0, OP), V.int_attr(at, "v_head_size", 0, OP), scale,
+                   V.float32_attr(at, "softcap", 0.0, OP), V.int_attr(at, "local_window_size", -1, OP),
+                   _flag(at, "do_rotary"), _flag(at, "rotary_interleaved"),
+                   V.int_attr(at, "rotary_offset", 0, OP))
+    V.int_attr(at, "kv_num_heads", 0, OP)  # its value is a mode: unsupported_reason
     expect(a.num_heads >= 1, f"{OP}: attribute num_heads must be >= 1, got {a.num_heads}")
     expect(a.v_head_size >= 0, f"{OP}: attribute v_head_size must be >= 0, got {a.v_head_size}")
     expect(a.softcap >= 0.0, f"{OP}: attribute softcap must be >= 0 (0 disables), got {a.softcap}")
     expect(a.window >= -1, f"{OP}: attribute local_window_size must be >= -1, got {a.window}")
     expect(a.rotary_offset >= 0, f"{OP}: attribute rotary_offset must be >= 0, got {a.rotary_offset}")
-    expect(a.scale is None or (_f32_finite(a.scale) and a.scale > 0),
-           f"{OP}: attribute scale must be a positive float32-finite float, got {a.scale}")
-    expect(_f32_finite(a.softcap), f"{OP}: attribute softcap must be float32-finite, got {a.softcap}")
+    expect(a.scale is None or a.scale > 0, f"{OP}: attribute scale must be > 0 (0: not given), "
+           f"got {a.scale}")
     # Kernels take these as int32 arguments.
     for name, v in (("num_heads", a.num_heads), ("v_head_size", a.v_head_size),
                     ("local_window_size", a.window), ("rotary_offset", a.rotary_offset)):
         expect(v <= I32_MAX, f"{OP}: attribute {name} {v} must fit in int32")
     return a
-
-
-def _f32_finite(x: float) -> bool:
-    with np.errstate(over="ignore"):
-        return bool(math.isfinite(x) and np.isfinite(np.float32(x)))
 
 
 def _quantized(node: Node, name: str) -> bool:
@@ -143,10 +181,25 @@ def unsupported_reason(node: Node, shapes: Sequence[Sequence[int] | None] = (),
         The reason, naming the declined mode: ``kv_cache_layout="SEPARATE"``,
         ``kv_num_heads != 1``, a quantized cache (``k_quant_type`` ...), ``head_sink``, q/k
         norm, ``k_scale``/``v_scale``, ``value``/``value_cache`` inputs, packed QKV, dtypes
-        other than float16/bfloat16, or non-int32 index inputs.
+        other than float16/bfloat16, or non-int32 index inputs; or what breaks a shared
+        rule: another op, an unknown attribute, too many inputs/outputs/shapes, a shape
+        that is not a sequence of non-negative integers.
+
+    Raises
+    ------
+    TypeError
+        ``node`` is not a Node or its attributes are not a dict.
     """
-    if (node.domain, node.op_type) != (DOMAIN, OP_TYPE):
-        return f"not {OP} (got {node.domain}::{node.op_type})"
+    try:
+        check_node(node)
+        expect(len(shapes) <= MAX_INPUTS and len(dtypes) <= MAX_INPUTS,
+               f"{OP}: {len(shapes)} shapes / {len(dtypes)} dtypes given; the op defines "
+               f"{MAX_INPUTS} inputs")
+        for i, shp in enumerate(shapes):
+            if shp is not None:
+                V.dims(shp, f"input '{INPUT_NAMES[i]}' ({i})", OP)
+    except KernelError as exc:
+        return str(exc)
     layout = node.attributes.get("kv_cache_layout", "SEPARATE")
     layout = layout.decode(errors="replace") if isinstance(layout, bytes) else str(layout)
     if layout != "LATENT":
@@ -275,6 +328,8 @@ def validate(a: PagedAttrs, inputs: Sequence[Any],
     ------
     KernelError
         The first problem found, naming the input, the value and what was expected.
+    TypeError
+        An output is neither a view, metadata nor ``None``.
     """
     ins = list(inputs) + [None] * (17 - len(inputs))
     m: list[TensorMetadata | None] = [None if is_absent(x) else as_metadata(x) for x in ins[:16]]
@@ -322,7 +377,7 @@ def validate(a: PagedAttrs, inputs: Sequence[Any],
     if scale is None:
         expect(vhs == hs, f"{OP}: attribute 'scale' is required when v_head_size ({vhs}) != "
                f"head_size ({hs}); pass the model's softmax scale")
-        scale = 1.0 / math.sqrt(hs)
+        scale = float(np.float32(1.0 / math.sqrt(hs)))  # the float32 rule, as for attributes
     rd, max_pos = 0, 0
     if a.do_rotary:
         for i in (IN_COS, IN_SIN):
@@ -349,7 +404,13 @@ def validate(a: PagedAttrs, inputs: Sequence[Any],
     need(IN_BLOCK_TABLE, bt.shape[1] * bs <= 2**30, f"covers {bt.shape[1] * bs} keys",
          "at most 2**30 keys per sequence (max_blocks * block_size)")
     if outputs is not None:
+        expect(len(outputs) <= MAX_OUTPUTS, f"{OP}: {len(outputs)} outputs given; the op defines "
+               f"at most {MAX_OUTPUTS}")
         outs = list(outputs) + [None] * (2 - len(outputs))
+        for i, x in enumerate(outs):
+            if not (x is None or isinstance(x, (TensorView, TensorMetadata))):
+                raise TypeError(f"{OP}: outputs[{i}] is a {type(x).__name__}; expected a "
+                                "TensorMut (or metadata when validating) or None")
         expect(not is_absent(outs[0]), f"{OP}: output 0 ('output') is required")
         o = as_metadata(outs[0])
         expect(o.dtype == dtype and o.shape == (T, H * vhs) and o.is_contiguous,
@@ -357,7 +418,9 @@ def validate(a: PagedAttrs, inputs: Sequence[Any],
                f"{dtype.name} [tokens, num_heads * v_head_size] = [{T}, {H * vhs}]")
         if not is_absent(outs[1]):
             c = as_metadata(outs[1])
-            expect(c.dtype == dtype and c.shape == kc.shape, f"{OP}: output 1 "
-                   f"('key_cache_out') is {c.dtype.name} {list(c.shape)}; it must alias "
-                   f"key_cache ({dtype.name} {list(kc.shape)})")
+            expect(c.dtype == dtype and c.shape == kc.shape and c.is_contiguous, f"{OP}: output 1 "
+                   f"('key_cache_out') is {c.dtype.name} {list(c.shape)} strides "
+                   f"{list(c.element_strides)}; it must alias key_cache ({dtype.name} "
+                   f"{list(kc.shape)}, contiguous)")
     return PagedGeometry(dtype, T, H, hs, vhs, B, nb, bs, bt.shape[1], rd, max_pos, float(scale))
+
