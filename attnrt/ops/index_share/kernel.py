@@ -10,10 +10,12 @@ tokens land at ``valid_len[b] - Scur`` where ``valid_len`` is the bias's finite 
 see :func:`.indices.capacity_valid_lengths`).
 
 Index rules (:mod:`.indices`, shared with the reference): eagerly, ``selected_indices`` is
-copied to the host and checked before anything that changes an output is launched; a
-broken row is a :class:`SelectedIndicesError` naming [batch, head, query, column] and the
-reason. In capacity mode the bound is the per-batch valid length, which the frontier kernel
-derives from the bias on the device (only those B integers are read back). While the
+copied to the host and checked before anything is written or launched (a refused call
+changes nothing); a broken row is a :class:`SelectedIndicesError` naming [batch, head,
+query, column] and the reason. In capacity mode the bound is the per-batch valid length:
+eagerly the bias is read back and :func:`.indices.capacity_valid_lengths` computes it on
+the host; the frontier kernel derives the same lengths on the device for the launches
+(and alone while capturing). While the
 stream is capturing, the attention kernel checks the same rules as it stages each split's
 columns and sets latch bit 512 (``attnrt.runtime.latch.INDEX_SHARE_SELECTED_INDICES``);
 ``rt.latch.check()`` after a replay raises ``CaptureError`` naming it. Every gather index
