@@ -10,8 +10,12 @@ carries, as ``capacity_valid_lengths`` computes them).
   claimed and run with legal launches; the scratch pool is freed by ``close()``.
 - Invalid cases (one mutation each) raise ``KernelError``/``Unsupported``/``ValueError``
   and launch nothing; rows that break the index rules raise ``SelectedIndicesError``
-  having launched at most the frontier kernel (capacity mode derives the bound on the
-  device; nothing that writes an output runs).
+  and launch nothing either (capacity mode derives the bound from the bias on the host).
+- Issue 37's classes (``CLASSES``: numpy/float dims, strides and the pointer range, output
+  overlap, absent slots and wrong objects, extra slots/attributes and a wrong op, the
+  reference's validation, float32 scales) over the full path (claim, create, workspace,
+  execute): a typed error or success as the class predicts, never another exception, and
+  a refusal launches nothing and leaves every backed buffer's bytes as they were.
 - Oversized cases (one dim at or past 2**16 / 2**31 / 2**32) are refused before the first
   launch (by ``workspace_requirement`` when the inputs alone decide it) or run with legal
   launches; never an ``OverflowError``.
@@ -38,9 +42,11 @@ from attnrt.ops.index_share import (
     IndexShareFactory,
     SelectedIndicesError,
     capacity_valid_lengths,
+    parse_attributes,
+    reference,
 )
 from attnrt.ops.index_share.schema import _max_head_size
-from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, Unsupported
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
 
@@ -195,8 +201,8 @@ def build(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
     for i, shp in enumerate(shapes):
         if shp is None:
             ins.append(TensorView.absent_slot())
-        elif i == 5:
-            ins.append(rt.view(shp, s.idt, data=host[5]))
+        elif i in (5, 6):  # read back by execute: indices, and the bias in capacity mode
+            ins.append(rt.view(shp, s.idt if i == 5 else s.dtype, data=host[i]))
         else:
             ins.append(rt.view(shp, s.dtype))
     outs = [rt.view(shp, s.dtype, mut=True) for shp in s.out_shapes()]
@@ -506,10 +512,7 @@ class TestHost:
         assert err is not None, f"{mutate.__name__}: accepted ({rt.names()})"
         if kind == "indices":
             assert isinstance(err, SelectedIndicesError), f"{type(err).__name__}: {err}"
-            # Capacity mode reads the bound from the frontier kernel; nothing else may run.
-            assert set(rt.names()) <= {"is_frontier"}, rt.names()
-        else:
-            assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before: {err}"
+        assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before: {err}"
         assert rt.memory_stats().live_bytes == 0
         if kind == "claim":
             assert claim(rt, case) is not None, f"{mutate.__name__}: claimed despite {err}"
@@ -556,6 +559,228 @@ def big_specs(draw: Any, field: str) -> Spec:
     bias = ("C",) if mode == "capacity" else None
     return Spec(dtype, I32, d["B"], d["N"], d["Nkv"], d["Sq"], d["cur"], d["past"], d["H"], K, 1,
                 bias, mode, False, None, True, None, draw(st.integers(0, 2**32 - 1)))
+
+
+# --------------------------------------------------------------------------- issue 37 classes
+# Each class mutation edits a valid case and returns what the full path must do: "ok"
+# (run), "typed" (a KernelError/Unsupported/ValueError), "type" (a TypeError), and whether
+# the claim must decline ("claim").
+_NP_INTS = (np.int64, np.int32, np.uint32, np.int16)
+
+
+def _c_dims(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    which = data.draw(st.sampled_from(["numpy", "float", "bool"]), label="dims")
+    shapes = [None if _absent(t) else t.shape for t in case.inputs]
+    if which == "numpy":  # same verdict as Python ints: claimed, runs
+        cast = data.draw(st.sampled_from(_NP_INTS + (np.int8,) if max(
+            max(x) for x in shapes if x) < 128 else _NP_INTS), label="cast")
+        case.claim_shapes = [None if x is None else tuple(cast(d) for d in x) for x in shapes]
+        case.inputs = [t if _absent(t) else type(t)(t.ptr, t.dtype, tuple(cast(d) for d in t.shape))
+                       for t in case.inputs]
+        return {"ok"}
+    i = data.draw(st.sampled_from([i for i, x in enumerate(shapes) if x]), label="input")
+    a = data.draw(st.integers(0, len(shapes[i]) - 1), label="axis")
+    d = shapes[i][a]
+    bad = float(d) + data.draw(st.sampled_from([0.0, 0.5]), label="frac") if which == "float" else True
+    case.claim_shapes = list(shapes)
+    case.claim_shapes[i] = shapes[i][:a] + (bad,) + shapes[i][a + 1:]
+    return {"ok", "claim"}  # the claim declines; the (integer) views still run
+
+
+def _c_strides(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    slots = [("in", i) for i, t in enumerate(case.inputs) if not _absent(t) and t.numel > 1]
+    slots += [("out", i) for i, t in enumerate(case.outputs) if t.numel > 1]
+    assume(slots)
+    side, i = data.draw(st.sampled_from(slots), label="slot")
+    group = case.inputs if side == "in" else case.outputs
+    t = group[i]
+    if data.draw(st.booleans(), label="top"):  # bytes running past the top of the address space
+        short = data.draw(st.sampled_from([1, t.nbytes // 2, t.nbytes - 1]), label="short")
+        group[i] = type(t)(2**64 - short, t.dtype, t.shape)  # needs t.nbytes bytes
+        return {"typed"}
+    axes = [a for a, d in enumerate(t.shape) if d > 1]
+    a = data.draw(st.sampled_from(axes), label="axis")
+    st_ = list(t.element_strides)
+    st_[a] = data.draw(st.sampled_from([2**61, 2**62, 2**63 - 1, 2**63, 2**64, -(2**62)]), label="stride")
+    group[i] = type(t)(t.ptr, t.dtype, t.shape, tuple(st_))
+    return {"typed"}
+
+
+def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    j = data.draw(st.integers(0, len(case.outputs) - 1), label="out")
+    o = case.outputs[j]
+    assume(o.numel > 0)
+    kind = data.draw(st.sampled_from(["input", "output", "zero_stride"]), label="kind")
+    if kind == "zero_stride":
+        axes = [a for a, d in enumerate(o.shape) if d > 1]
+        assume(axes)
+        st_ = list(o.element_strides)
+        st_[data.draw(st.sampled_from(axes), label="axis")] = 0
+        case.outputs[j] = TensorMut(o.ptr, o.dtype, o.shape, tuple(st_))
+        return {"typed"}
+    group = case.inputs if kind == "input" else [t for n, t in enumerate(case.outputs) if n != j]
+    cands = [t for t in group if not _absent(t) and t.numel > 0]
+    assume(cands)
+    t = data.draw(st.sampled_from(cands), label="target")
+    off = data.draw(st.sampled_from([0, 0, 1, t.nbytes // 2]), label="offset")
+    assume(off < t.nbytes)
+    case.outputs[j] = TensorMut(t.ptr + off, o.dtype, o.shape)
+    exact_alias = (s.mode == "capacity" and j in (1, 2) and off == 0 and kind == "input"
+                   and t is case.inputs[j + 2])
+    return {"ok"} if exact_alias else {"typed"}
+
+
+def _c_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    kind = data.draw(st.sampled_from(["absent", "input", "output", "raw_meta", "no_y", "attrs"]),
+                     label="kind")
+    if kind == "absent":  # None and absent_slot() are one representation
+        opt = [i for i in (3, 4, 6) if _absent(case.inputs[i])]
+        assume(opt)
+        for i in opt:
+            case.inputs[i] = data.draw(st.sampled_from([None, TensorView.absent_slot()]), label="as")
+        return {"ok"}
+    junk = data.draw(st.sampled_from(["meta", "str", "tuple", "int", "ndarray"]), label="junk")
+    if kind == "attrs":
+        case.node.attributes = data.draw(st.sampled_from([None, [("num_heads", s.N)], (1, 2)]))
+        return {"type", "claim"}
+    if kind == "raw_meta":
+        case.metas = [None if _absent(t) else t.shape for t in case.inputs]
+        return {"type"}
+    if kind == "no_y":
+        case.outputs = data.draw(st.sampled_from([[None], [], [None, None, None]]), label="outs")
+        return {"typed"}
+    group = case.inputs if kind == "input" else case.outputs
+    i = data.draw(st.integers(0, len(group) - 1), label="slot")
+    t = group[i]
+    meta = t.meta if not _absent(t) else TensorMetadata(s.dtype, (1,))
+    group[i] = {"meta": meta, "str": "q", "tuple": tuple(meta.shape), "int": 12345,
+                "ndarray": np.zeros(3)}[junk]
+    return {"type"}
+
+
+def _c_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    kind = data.draw(st.sampled_from(["unknown_attr", "int_attr", "domain", "op_type",
+                                      "extra_input", "extra_output", "extra_slot"]), label="kind")
+    n = case.node
+    if kind == "unknown_attr":
+        n.attributes[data.draw(st.sampled_from(["softcap", "causal", "scal", "do_rotary"]))] = 1
+    elif kind == "int_attr":
+        name = data.draw(st.sampled_from(["num_heads", "kv_num_heads"]), label="name")
+        n.attributes[name] = data.draw(st.sampled_from(
+            [float(n.attributes[name]), True, np.float32(n.attributes[name]), str(n.attributes[name])]))
+    elif kind == "domain":
+        n.domain = data.draw(st.sampled_from(["", "com.microsoft", "pkg.attnrt"]))
+    elif kind == "op_type":
+        n.op_type = data.draw(st.sampled_from(["Attention", "indexshare", "PagedAttention"]))
+    elif kind == "extra_input":
+        n.inputs = n.inputs + ["extra"] * data.draw(st.integers(1, 3))
+    elif kind == "extra_output":
+        n.outputs = ["y", "pk_out", "pv_out"] + ["extra"] * data.draw(st.integers(1, 2))
+    else:  # more views at execute than the op defines
+        if data.draw(st.booleans(), label="side"):
+            case.inputs = case.inputs + [case.inputs[0]] * data.draw(st.integers(1, 2))
+        else:
+            case.outputs = (case.outputs + [case.outputs[0]] * 3)[:4 + data.draw(st.integers(0, 1))]
+        return {"typed"}
+    case.reference_too = True
+    return {"typed", "claim"}
+
+
+def _c_scale(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    v = data.draw(st.one_of(
+        st.sampled_from([1e-46, 1e-40, 1e-31, 1e-30, 3e-30, 0.1, 0.3, 1.0 / 3, 6.9e37, 3.4e38, 1e39]),
+        st.floats(1e-45, 1e40), st.floats(allow_nan=True, allow_infinity=True)), label="scale")
+    case.node.attributes["scale"] = v
+    case.reference_too = True
+    f32 = float(np.float32(v)) if math.isfinite(v) and abs(v) < 3.5e38 else math.inf
+    ok = math.isfinite(f32) and f32 > 0 and 1e-30 <= f32 * math.log2(math.e) <= 1e38
+    case.scale32 = f32 if ok else None
+    return {"ok"} if ok else {"typed", "claim"}
+
+
+CLASSES = [_c_dims, _c_strides, _c_overlap, _c_objects, _c_node, _c_scale]
+
+
+def _backed(rt: FakeRuntime, spans: list[tuple[int, int]]) -> list[bytes | None]:
+    out = []
+    for ptr, n in spans:
+        b = rt.read(ptr, n) if 0 < ptr and ptr + n < 2**64 else None
+        out.append(None if b is None else b.tobytes())
+    return out
+
+
+def _spans(views: list) -> list[tuple[int, int]]:
+    return [(t.ptr, t.nbytes) for t in views
+            if isinstance(t, TensorView) and not t.absent and t.nbytes and 0 < t.ptr < 2**64]
+
+
+def full_path(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
+    """claim, create, workspace_requirement, execute (a 0xA5-filled workspace); only typed
+    errors come back (anything else propagates and fails the test)."""
+    spans = _spans(case.inputs + case.outputs)
+    stage, kern = "create", None
+    try:
+        kern = IndexShareFactory(rt, IndexShareConfig(path=case.path)).create(case.node)
+        stage = "workspace"
+        metas = case.metas if case.metas is not None else [  # junk goes to both calls
+            None if _absent(t) else t.meta if isinstance(t, TensorView) else t for t in case.inputs]
+        req = kern.workspace_requirement(metas)
+        ws = None
+        if req.nbytes and case.use_ws:
+            ws = WorkspaceView(rt.put(np.full(req.nbytes, 0xA5, np.uint8)), req.nbytes)
+            spans.append((ws.ptr, ws.nbytes))
+        before = _backed(rt, spans)
+        stage = "execute"
+        try:
+            kern.execute(case.inputs, case.outputs, ws)
+        except (*TYPED, TypeError):
+            assert _backed(rt, spans) == before, "a refused execute changed a buffer"
+            raise
+    except (*TYPED, TypeError) as exc:
+        return stage, exc
+    finally:
+        if kern is not None:
+            kern.close()
+    return None, None
+
+
+class TestIssue37:
+    """The bad-input classes over the full path, on the fake runtime."""
+
+    @pytest.mark.parametrize("cls", CLASSES, ids=lambda m: m.__name__[3:])
+    @PER_MUTATION
+    @given(s=specs(), data=st.data())
+    def test_class_gives_typed_error_or_success(self, cls: Any, s: Spec, data: Any) -> None:
+        rt = FakeRuntime()
+        case = build(rt, s)
+        for o in case.outputs:  # distinct bytes, so that a copy into an output shows
+            if not (s.alias and o.ptr in (case.inputs[3].ptr, case.inputs[4].ptr)):
+                rt.write(o.ptr, np.full(o.nbytes, 0xCD, np.uint8))
+        case.claim_shapes, case.metas, case.reference_too, case.scale32 = None, None, False, None
+        dtypes = [None if _absent(t) else t.dtype for t in case.inputs]
+        shapes = [None if _absent(t) else t.shape for t in case.inputs]
+        want = cls(case, data, s)
+        reason = IndexShareFactory(rt).unsupported_reason(case.node, case.claim_shapes or shapes,
+                                                           dtypes)
+        assert (reason is not None) == ("claim" in want), reason
+        stage, err = full_path(rt, case)
+        if "ok" in want:
+            assert err is None, f"refused at {stage}: {type(err).__name__}: {err}"
+        else:
+            assert err is not None, f"accepted ({rt.names()})"
+            assert isinstance(err, TypeError) == ("type" in want), f"{type(err).__name__}: {err}"
+            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
+        assert rt.memory_stats().live_bytes == 0
+        if case.scale32 is not None:  # one float32 value for the kernel and the reference
+            assert parse_attributes(case.node).scale == case.scale32
+            f = [a for x in rt.launches if x.name.startswith("is_attn_") for a in x.args
+                 if isinstance(a, np.float32)]
+            assert set(f) <= {np.float32(case.scale32 * math.log2(math.e))}, f
+        if case.reference_too and err is not None:  # the reference refuses as the kernel does
+            host, _ = make_data(s, np.random.default_rng(s.seed), full=True)
+            with pytest.raises(type(err)) as got:
+                reference.index_share(case.node, host, present=s.mode)
+            assert str(got.value) == str(err)
 
 
 # --------------------------------------------------------------------------- GPU half

@@ -31,12 +31,12 @@ from .builds import (
 from .indices import (
     IndexViolation,
     SelectedIndicesError,
+    capacity_valid_lengths,
     check_selected_indices,
     find_index_violation,
 )
 from .kernel import IndexShareFactory, IndexShareKernel
 from .plan import PATHS, DeviceLimits, IndexShareConfig, Plan, make_plan
-from .reference import capacity_valid_lengths
 from .schema import parse_attributes, resolve_geometry, unsupported_reason
 
 __all__ = [

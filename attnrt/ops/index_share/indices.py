@@ -1,4 +1,5 @@
-"""The ``selected_indices`` row rules of ``pkg.nxrt::IndexShare``, pure numpy.
+"""The ``selected_indices`` row rules of ``pkg.nxrt::IndexShare``, pure numpy, and the
+fixed-capacity bound they use (:func:`capacity_valid_lengths`).
 
 The kernel checks eagerly with these (and, while capturing, the same rules on the device
 with a latch bit); the reference checks with them too, so both name the same first
@@ -14,10 +15,10 @@ import numpy as np
 
 from attnrt.runtime.errors import KernelError
 
-from .schema import OP
+from .schema import OP, _bias4
 
 __all__ = ["IndexViolation", "SelectedIndicesError", "find_index_violation",
-           "check_selected_indices"]
+           "check_selected_indices", "capacity_valid_lengths"]
 
 @dataclass(frozen=True)
 class IndexViolation:
@@ -156,3 +157,34 @@ def check_selected_indices(indices: np.ndarray, bounds: Sequence[int] | np.ndarr
     v = find_index_violation(indices, bounds)
     if v is not None:
         raise SelectedIndicesError(v)
+
+
+def capacity_valid_lengths(bias: np.ndarray, batch: int, cache: int) -> np.ndarray:
+    """Per batch: 1 + the last cache column with a finite bias (any head, query); 0 if none.
+
+    A bias whose last axis broadcasts (size 1) covers every column, so a finite value
+    there means the whole capacity is valid.
+
+    Parameters
+    ----------
+    bias
+        ``attention_bias``, broadcastable (right-aligned) to [B, N, S_q, cache].
+    batch
+        B.
+    cache
+        The capacity (the bias's last logical axis).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 [B]: each batch's valid length.
+    """
+    b4 = np.asarray(bias).reshape(_bias4(np.shape(bias)))
+    fin = np.isfinite(b4.astype(np.float32)).any(axis=(1, 2))  # [b', k']
+    if fin.shape[1] == 1:
+        last = np.where(fin[:, 0], cache, 0)
+    else:
+        cols = np.arange(1, fin.shape[1] + 1)
+        last = np.where(fin, cols[None, :], 0).max(axis=1) if fin.shape[1] else np.zeros(
+            fin.shape[0], dtype=np.int64)
+    return np.broadcast_to(np.asarray(last, dtype=np.int64), (batch,)).copy()

@@ -7,13 +7,15 @@ attention_bias broadcastable (right-aligned) to [B,N,Sq,cache]. Outputs: Y [B,N,
 optionally present_key/present_value, either growing ([B,Nkv,Spast+Scur,H] = past ⧺
 current, bit for bit) or fixed-capacity ([B,Nkv,Spast,H], may alias past: the current
 tokens land at ``valid_len[b] - Scur`` where ``valid_len`` is the bias's finite frontier,
-see :func:`.reference.capacity_valid_lengths`).
+see :func:`.indices.capacity_valid_lengths`).
 
 Index rules (:mod:`.indices`, shared with the reference): eagerly, ``selected_indices`` is
-copied to the host and checked before anything that changes an output is launched; a
-broken row is a :class:`SelectedIndicesError` naming [batch, head, query, column] and the
-reason. In capacity mode the bound is the per-batch valid length, which the frontier kernel
-derives from the bias on the device (only those B integers are read back). While the
+copied to the host and checked before anything is written or launched (a refused call
+changes nothing); a broken row is a :class:`SelectedIndicesError` naming [batch, head,
+query, column] and the reason. In capacity mode the bound is the per-batch valid length:
+eagerly the bias is read back and :func:`.indices.capacity_valid_lengths` computes it on
+the host; the frontier kernel derives the same lengths on the device for the launches
+(and alone while capturing). While the
 stream is capturing, the attention kernel checks the same rules as it stages each split's
 columns and sets latch bit 512 (``attnrt.runtime.latch.INDEX_SHARE_SELECTED_INDICES``);
 ``rt.latch.check()`` after a replay raises ``CaptureError`` naming it. Every gather index
@@ -55,19 +57,18 @@ from attnrt.runtime.api import (
 from attnrt.runtime.errors import CaptureError, KernelError
 
 from .. import _common
+from .. import _validate as _v
 from .._common import ScratchPool, Variant
 from .builds import _ALIGN, _aux_variant
-from .indices import SelectedIndicesError, check_selected_indices
+from .indices import SelectedIndicesError, capacity_valid_lengths, check_selected_indices
 from .plan import DeviceLimits, IndexShareConfig, Plan, _mma_ok, _wg_ok, make_plan, wgmma_available
 from .schema import (
+    INPUT_NAMES,
     OP,
     Attributes,
     Geometry,
-    _check_aliasing,
-    _check_outputs,
-    _is_present,
-    _present_mode,
     bias_strides,
+    check_call,
     parse_attributes,
     resolve_geometry,
 )
@@ -174,11 +175,15 @@ class IndexShareKernel:
 
         Raises
         ------
+        TypeError
+            ``inputs`` is not a list, or a slot holds something other than
+            ``TensorMetadata``, a view or ``None`` (a raw shape tuple, say).
         KernelError
             The inputs are refused.
         """
-        shapes = [m.shape if _is_present(m) else None for m in inputs]
-        dtypes = [m.dtype if _is_present(m) else None for m in inputs]
+        metas = _v.metas(inputs, len(INPUT_NAMES), OP)
+        shapes = [None if m is None else m.shape for m in metas]
+        dtypes = [None if m is None else m.dtype for m in metas]
         has_past = len(shapes) > 3 and shapes[3] is not None
         wants_present = sum(self.node.output_present(i) for i in range(len(self.node.outputs))) == 3
         cap = has_past and wants_present
@@ -253,23 +258,9 @@ class IndexShareKernel:
             ``workspace`` is short or misaligned.
         """
         rt = self.rt
-        ins = list(inputs) + [None] * (7 - len(inputs))
-        if len(inputs) > 7:
-            raise KernelError(f"{OP}: expects at most 7 inputs, got {len(inputs)}")
-        outs = list(outputs)
-        mode = _present_mode(ins, outs)
-        present = [_is_present(t) for t in ins]
-        g = resolve_geometry(self.attrs, [t.shape if p else None for t, p in zip(ins, present)],
-                             [t.dtype if p else None for t, p in zip(ins, present)], mode)
-        q, k, v, pk, pv, idx, bias = (t if p else None for t, p in zip(ins, present))
-        y, prk, prv = (outs + [None, None])[:3] if mode != "none" else (outs[0], None, None)
-        _check_outputs(g, q, y, prk, prv)
-        for i, t in enumerate((q, k, v, pk, pv, idx, bias)):
-            if t is not None and not t.is_contiguous:
-                raise KernelError(f"{OP}: input {i} must be contiguous (strides {t.strides} for "
-                                  f"shape {t.shape}); supports_strided_input() is False")
-        _check_aliasing(g, [t for t in (q, k, v, pk, pv, idx, bias) if t is not None],
-                             y, prk, prv, pk, pv)
+        # Every check first: a refused call reads at most its own inputs back and writes
+        # or launches nothing.
+        g, (q, k, v, pk, pv, idx, bias), (y, prk, prv) = check_call(self.attrs, inputs, outputs)
         ptrs = [t.ptr for t in (q, k, v, pk, pv, y) if t is not None]
         aligned16 = all(p % 16 == 0 for p in ptrs)
         plan = self._make_plan(g, aligned16, self.config.path, g.mode == "capacity")
@@ -280,33 +271,38 @@ class IndexShareKernel:
         fn_comb = self._fn(aux, "is_combine", capturing) if plan.merge == "kernel" else None
         if g.batch == 0:
             return
+        if workspace is not None:
+            _common.check_workspace(OP, WorkspaceRequirement(plan.nbytes, _ALIGN), workspace)
+        else:
+            base = self._pool.ensure(plan.nbytes, capturing)
+            counters = 0
+            if plan.merge == "last" and g.q_len:
+                counters = self._counters.ensure(plan.tasks * 4, capturing)
+        rows = g.batch * g.index_heads * g.q_len
+        if not capturing and rows:
+            # The index rules on the host. In capacity mode the bound is the bias's frontier,
+            # derived here from the bias itself (the frontier kernel below derives the same
+            # lengths on the device for the launches).
+            bounds: Any = g.cache_len
+            if g.mode == "capacity":
+                host_bias = rt.dtoh(np.empty(bias.shape, dtype=g.dtype.numpy), bias.ptr)
+                bounds = capacity_valid_lengths(host_bias, g.batch, g.cache_len)
+            host = rt.dtoh(np.empty(idx.shape, dtype=g.index_dtype.numpy), idx.ptr)
+            check_selected_indices(host, bounds)
         # Scratch: the caller's workspace, else the pools (stable addresses, grown eagerly).
         # Split counters must be zero before the launch: the pool's are (zeroed when
         # allocated, left at zero by every launch); a workspace's are cleared each call.
-        counters = 0
         if workspace is not None:
-            _common.check_workspace(OP, WorkspaceRequirement(plan.nbytes, _ALIGN), workspace)
-            base = workspace.ptr
+            base, counters = workspace.ptr, 0
             if plan.merge == "last" and g.q_len:
                 counters = base + plan.cnt_off
                 rt.memset(counters, 0, plan.tasks * 4)
-        else:
-            base = self._pool.ensure(plan.nbytes, capturing)
-            if plan.merge == "last" and g.q_len:
-                counters = self._counters.ensure(plan.tasks * 4, capturing)
         valid_ptr = base + plan.valid_off if g.mode == "capacity" else 0
         it = g.dtype.itemsize
         i32, i64 = np.int32, np.int64
 
         if g.mode == "capacity":
             self._frontier(g, bias, valid_ptr, capturing)
-        rows = g.batch * g.index_heads * g.q_len
-        if not capturing and rows:
-            bounds: Any = g.cache_len
-            if g.mode == "capacity":
-                bounds = rt.dtoh(np.empty(g.batch, dtype=np.int32), valid_ptr)
-            host = rt.dtoh(np.empty(idx.shape, dtype=g.index_dtype.numpy), idx.ptr)
-            check_selected_indices(host, bounds)
         # While capturing, the attention kernel checks the rows as it stages them (latch).
         latch = rt.capture_error_ptr() if capturing else 0
 
@@ -386,8 +382,6 @@ class IndexShareKernel:
                         np.int32(g.cache_len), np.int64(rows), np.int64(row // w)])
 
     def _frontier(self, g: Geometry, bias: TensorView, valid_ptr: int, capturing: bool) -> None:
-        if g.batch > 65535:
-            raise KernelError(f"{OP}: fixed-capacity mode supports batch <= 65535, got {g.batch}")
         fn = self._fn(_aux_variant(g.dtype), "is_frontier", capturing)
         b4 = (1,) * (4 - len(g.bias_shape)) + tuple(g.bias_shape)
         per_batch = b4[1] * b4[2] * b4[3]

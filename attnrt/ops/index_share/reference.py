@@ -18,42 +18,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnrt.runtime.api import DataType, Node
+from attnrt.runtime.errors import KernelError
 
-from .indices import check_selected_indices
-from .schema import _bias4, parse_attributes, resolve_geometry
+from .indices import capacity_valid_lengths, check_selected_indices
+from .schema import INPUT_NAMES, OP, _bias4, parse_attributes, resolve_geometry
 
-__all__ = ["index_share", "capacity_valid_lengths"]
-
-
-def capacity_valid_lengths(bias: np.ndarray, batch: int, cache: int) -> np.ndarray:
-    """Per batch: 1 + the last cache column with a finite bias (any head, query); 0 if none.
-
-    A bias whose last axis broadcasts (size 1) covers every column, so a finite value
-    there means the whole capacity is valid.
-
-    Parameters
-    ----------
-    bias
-        ``attention_bias``, broadcastable (right-aligned) to [B, N, S_q, cache].
-    batch
-        B.
-    cache
-        The capacity (the bias's last logical axis).
-
-    Returns
-    -------
-    numpy.ndarray
-        int64 [B]: each batch's valid length.
-    """
-    b4 = np.asarray(bias).reshape(_bias4(np.shape(bias)))
-    fin = np.isfinite(b4.astype(np.float32)).any(axis=(1, 2))  # [b', k']
-    if fin.shape[1] == 1:
-        last = np.where(fin[:, 0], cache, 0)
-    else:
-        cols = np.arange(1, fin.shape[1] + 1)
-        last = np.where(fin, cols[None, :], 0).max(axis=1) if fin.shape[1] else np.zeros(
-            fin.shape[0], dtype=np.int64)
-    return np.broadcast_to(np.asarray(last, dtype=np.int64), (batch,)).copy()
+__all__ = ["index_share", "capacity_valid_lengths"]  # the latter re-exported from .indices
 
 
 def index_share(node: Node, inputs: Sequence[np.ndarray | None], present: str = "none",
@@ -63,7 +33,8 @@ def index_share(node: Node, inputs: Sequence[np.ndarray | None], present: str = 
     Parameters
     ----------
     node
-        The node (``num_heads``, ``kv_num_heads``, ``scale``).
+        The node (``num_heads``, ``kv_num_heads``, ``scale``), checked as the kernel
+        checks it (:func:`.schema.parse_attributes`; ``scale`` rounded to float32).
     inputs
         query, key, value, past_key, past_value, selected_indices[, attention_bias] as
         numpy arrays (``None`` for absent).
@@ -75,14 +46,27 @@ def index_share(node: Node, inputs: Sequence[np.ndarray | None], present: str = 
 
     Raises
     ------
+    TypeError
+        ``node`` is not a :class:`Node` (or its attributes not a dict), ``inputs`` is not a
+        list, or an input is neither a numpy array nor ``None``.
     KernelError
-        Shapes, dtypes or attributes are refused, or a ``selected_indices`` row breaks a
-        rule (:class:`SelectedIndicesError`, same message as the kernel's).
+        The node, shapes, dtypes or attributes are refused (the kernel's rules, same
+        messages), or a ``selected_indices`` row breaks a rule (:class:`SelectedIndicesError`).
     """
+    attrs = parse_attributes(node)
+    if not isinstance(inputs, (list, tuple)):
+        raise TypeError(f"{OP}: inputs must be a list of numpy arrays, got {type(inputs).__name__}")
+    if len(inputs) > len(INPUT_NAMES):
+        raise KernelError(f"{OP}: {len(inputs)} inputs given; the op defines at most "
+                          f"{len(INPUT_NAMES)}")
+    for i, a in enumerate(inputs):
+        if a is not None and not isinstance(a, np.ndarray):
+            raise TypeError(f"{OP}: inputs[{i}] ({INPUT_NAMES[i]}) is a {type(a).__name__}; "
+                            "expected a numpy array or None for an absent slot")
     arrs = list(inputs) + [None] * (7 - len(inputs))
     shapes = [None if a is None else np.shape(a) for a in arrs]
     dtypes = [None if a is None else DataType.from_numpy(np.asarray(a).dtype) for a in arrs]
-    g = resolve_geometry(parse_attributes(node), shapes, dtypes, present)
+    g = resolve_geometry(attrs, shapes, dtypes, present)
     q, k, v, pk, pv, idx, bias = arrs
     cache = g.cache_len
     if g.mode == "capacity":

@@ -6,6 +6,17 @@ same inputs:
 - :func:`parse_attributes` and :func:`resolve_geometry`: attribute and shape rules.
 - :func:`bias_strides`: how a broadcast ``attention_bias`` is addressed.
 - :func:`unsupported_reason`: the factory's claim-time gate (pure, no GPU).
+- :func:`check_call`: ``execute``'s host-side checks of the views (before anything runs).
+
+The shared rules of :mod:`attnrt.ops._validate` apply throughout: shapes are Python ints
+(numpy integers converted, floats and bools refused); unknown attributes, a wrong
+domain/op_type and more than 7 inputs or 3 outputs are refused; ``num_heads`` and
+``kv_num_heads`` must be integers (``1.0`` and ``True`` are refused). ``scale`` is a
+float32 attribute: it is rounded to float32 once, when parsed, and that value is what both
+use. The kernel multiplies scores by ``float32(scale * log2(e))`` (base-2 softmax); the
+reference computes with ``scale`` in float64. A scale that is zero, subnormal-small or
+infinite in float32 is refused. The default ``1/sqrt(H)`` is not an attribute and is not
+rounded.
 """
 
 from __future__ import annotations
@@ -18,14 +29,20 @@ from typing import Any
 from attnrt.runtime.api import DataType, Node
 from attnrt.runtime.errors import KernelError
 
+from .. import _validate as _v
+
 __all__ = [
     "Attributes", "Geometry", "parse_attributes", "resolve_geometry", "bias_strides",
-    "unsupported_reason", "INPUT_NAMES", "OP", "FLOAT_TYPES", "INDEX_TYPES", "MODES",
+    "unsupported_reason", "check_call", "INPUT_NAMES", "OUTPUT_NAMES", "ATTRIBUTES", "OP",
+    "FLOAT_TYPES", "INDEX_TYPES", "MODES",
 ]
 
 OP = "pkg.nxrt::IndexShare"
 INPUT_NAMES = ("query", "key", "value", "past_key", "past_value", "selected_indices",
                "attention_bias")
+OUTPUT_NAMES = ("Y", "present_key", "present_value")
+#: The attributes the op defines; any other is refused.
+ATTRIBUTES = ("num_heads", "kv_num_heads", "scale")
 FLOAT_TYPES = (DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16)
 INDEX_TYPES = (DataType.INT32, DataType.INT64)
 MODES = ("none", "concat", "capacity")
@@ -42,20 +59,26 @@ class Attributes:
 
 
 def parse_attributes(node: Node) -> Attributes:
-    """Read and check ``num_heads``, ``kv_num_heads`` and ``scale``.
+    """Check the node (domain, op_type, attributes, slot counts) and read ``num_heads``,
+    ``kv_num_heads`` and ``scale`` (rounded to float32).
 
     Raises
     ------
+    TypeError
+        ``node`` is not a :class:`Node` or its attributes are not a dict.
     KernelError
-        A missing or mistyped attribute, a non-positive head count, ``kv_num_heads``
-        not dividing ``num_heads``, or a ``scale`` that is not finite and > 0.
+        Another op, an unknown or missing attribute, a non-integer head count, more than
+        7 inputs or 3 outputs, a non-positive head count, ``kv_num_heads`` not dividing
+        ``num_heads``, or a ``scale`` that is not finite and > 0 in float32.
     """
-    try:
-        n = node.attr_int("num_heads")
-        nkv = node.attr_int("kv_num_heads", n)
-        scale = node.attr_float("scale", None)
-    except (TypeError, ValueError) as exc:
-        raise KernelError(f"{OP}: {exc}") from None
+    _v.check_node(node, OP, "pkg.nxrt", "IndexShare", ATTRIBUTES, len(INPUT_NAMES),
+                  len(OUTPUT_NAMES))
+    attrs = node.attributes
+    if "num_heads" not in attrs:
+        raise KernelError(f"{OP}: required attribute 'num_heads' (an int) is missing")
+    n = _v.int_attr(attrs, "num_heads", 0, OP)
+    nkv = _v.int_attr(attrs, "kv_num_heads", n, OP)
+    scale = _v.float32_attr(attrs, "scale", 1.0, OP) if "scale" in attrs else None
     if n <= 0:
         raise KernelError(f"{OP}: attribute num_heads must be > 0, got {n}")
     if nkv <= 0 or n % nkv:
@@ -118,7 +141,7 @@ class Geometry:
 def _shape(shapes: Sequence, i: int) -> tuple[int, ...] | None:
     if i >= len(shapes) or shapes[i] is None:
         return None
-    return tuple(int(d) for d in shapes[i])
+    return _v.dims(shapes[i], INPUT_NAMES[i] if i < len(INPUT_NAMES) else f"input {i}", OP)
 
 
 def resolve_geometry(attrs: Attributes, shapes: Sequence, dtypes: Sequence, mode: str,
@@ -253,7 +276,7 @@ def _present_mode(ins: list, outs: list) -> str:
 
 
 def _check_outputs(g: Geometry, q: Any, y: Any, prk: Any, prv: Any) -> None:
-    """Y matches the query; every output has the dtype and is contiguous."""
+    """Y matches the query; every output has the dtype, no self-overlap, and is contiguous."""
     if tuple(y.shape) != tuple(q.shape) or y.dtype != g.dtype:
         raise KernelError(f"{OP}: output Y must be {g.dtype.name} {list(q.shape)}, got "
                           f"{y.dtype.name} {list(y.shape)}")
@@ -262,36 +285,60 @@ def _check_outputs(g: Geometry, q: Any, y: Any, prk: Any, prv: Any) -> None:
             continue
         if t.dtype != g.dtype:
             raise KernelError(f"{OP}: output {name} dtype {t.dtype.name} must be {g.dtype.name}")
+        _v.check_no_self_overlap(t, name, OP)
         if not t.is_contiguous:
             raise KernelError(f"{OP}: output {name} must be contiguous, got strides {t.strides}")
 
-def _check_aliasing(g: Geometry, inputs: list, y: Any, prk: Any, prv: Any, pk: Any,
-                    pv: Any) -> None:
+
+def _check_aliasing(g: Geometry, ins: list, y: Any, prk: Any, prv: Any) -> None:
     """No output overlaps an input or another output, but a fixed-capacity present may
-    alias its past tensor exactly (the in-place cache)."""
-    def span(t: Any) -> tuple[int, int]:
-        return t.ptr, t.ptr + t.nbytes
+    alias its past tensor exactly (the in-place cache; shape, dtype and contiguity already
+    match, so the same pointer means the same bytes)."""
+    allowed = []
+    if g.mode == "capacity":
+        for out, past, name in ((prk, ins[3], "key"), (prv, ins[4], "value")):
+            if out.ptr == past.ptr:
+                allowed.append((f"present_{name}", f"past_{name}"))
+    outs = {n: t for n, t in zip(OUTPUT_NAMES, (y, prk, prv)) if t is not None}
+    _v.check_disjoint(outs, {n: t for n, t in zip(INPUT_NAMES, ins) if _is_present(t)}, OP,
+                      allowed)
 
-    def overlap(a: Any, b: Any) -> bool:
-        (a0, a1), (b0, b1) = span(a), span(b)
-        return a0 < b1 and b0 < a1 and a.nbytes and b.nbytes
 
-    outs = [("Y", y, None), ("present_key", prk, pk), ("present_value", prv, pv)]
-    for name, o, may_alias in outs:
-        if o is None:
-            continue
-        for t in inputs:
-            if not overlap(o, t):
-                continue
-            if g.mode == "capacity" and t is may_alias and o.ptr == t.ptr:
-                continue  # the in-place fixed-capacity cache
-            raise KernelError(f"{OP}: output {name} overlaps an input; only a fixed-capacity "
-                              "present may alias its past tensor exactly")
-    if prk is not None and overlap(prk, prv):
-        raise KernelError(f"{OP}: present_key and present_value overlap")
-    for o in (prk, prv):
-        if o is not None and overlap(o, y):
-            raise KernelError(f"{OP}: Y overlaps a present output")
+def check_call(attrs: Attributes, inputs: Any, outputs: Any) -> tuple[Geometry, list, list]:
+    """``execute``'s host-side checks, from the views alone (nothing is read or launched).
+
+    Returns
+    -------
+    tuple
+        The geometry, the 7 inputs (``None`` where absent) and the outputs ``[Y, present_key,
+        present_value]`` (``None`` where not written).
+
+    Raises
+    ------
+    TypeError
+        ``inputs``/``outputs`` are not lists, or a slot holds something other than a view
+        or ``None``.
+    KernelError
+        Too many slots, a required one absent, or a shape, dtype, stride, pointer-range or
+        aliasing rule broken.
+    """
+    ins = _v.views(inputs, len(INPUT_NAMES), "inputs", OP)
+    outs = _v.views(outputs, len(OUTPUT_NAMES), "outputs", OP, required=(0,), mutable=True)
+    mode = _present_mode(ins, list(outputs))
+    present = [_is_present(t) for t in ins]
+    g = resolve_geometry(attrs, [t.shape if p else None for t, p in zip(ins, present)],
+                         [t.dtype if p else None for t, p in zip(ins, present)], mode)
+    views = [t if p else None for t, p in zip(ins, present)]
+    y, prk, prv = outs if mode != "none" else (outs[0], None, None)
+    _check_outputs(g, views[0], y, prk, prv)
+    for i, t in enumerate(views):
+        if t is not None and not t.is_contiguous:
+            raise KernelError(f"{OP}: input {i} must be contiguous (strides {t.strides} for "
+                              f"shape {t.shape}); supports_strided_input() is False")
+    _check_aliasing(g, views, y, prk, prv)
+    if g.mode == "capacity" and g.batch > 65535:
+        raise KernelError(f"{OP}: fixed-capacity mode supports batch <= 65535, got {g.batch}")
+    return g, views, [y, prk, prv]
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,12 +368,16 @@ def unsupported_reason(node: Node, shapes: Sequence[Sequence[int] | None],
     str or None
         ``None`` when the kernel takes the node, else why not.
     """
+    if not isinstance(node, Node):
+        return f"{OP}: expected a Node, got {type(node).__name__}"
     if (node.domain, node.op_type) != ("pkg.nxrt", "IndexShare"):
         return f"{OP}: not this op ({node.domain}::{node.op_type})"
     try:
         attrs = parse_attributes(node)
-    except KernelError as exc:
+    except (KernelError, TypeError) as exc:
         return str(exc)
+    if len(shapes) > len(INPUT_NAMES) or len(dtypes) > len(INPUT_NAMES):
+        return f"{OP}: {max(len(shapes), len(dtypes))} input shapes/dtypes given; the op defines 7"
     n_in = len(node.inputs) if node.inputs else len(dtypes)
     if not 6 <= n_in <= 7:
         return f"{OP}: expects 6 or 7 inputs, the node has {n_in}"
