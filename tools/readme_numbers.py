@@ -33,6 +33,7 @@ PEER_LABELS = {
     "torch-index_select-sdpa": "torch `index_select` + SDPA",
     "torch-gather-sdpa": "torch advanced indexing + SDPA",
     "cold compile": "cold compile",
+    "flashmla": "FlashMLA",
 }
 
 
@@ -62,12 +63,12 @@ HEADLINES = (
     Headline("attention", "Attention decode bf16 D128 B8 H32/8 Sk 32k, one call per graph",
              "decode bf16 D128 B8 H32/8 Sk32768", "GB/s",
              (("GB/s", COPY), ("GB/s", "torch-sdpa-flash"))),
+    Headline("paged_attention", "PagedAttention MLA decode bf16 B32 H16 L8k (TP8 shard), 576/512",
+             "decode bf16 B32 H16 L8192 d576/512 bs64", "GB/s", (("GB/s", "flashmla"),)),
     Headline("paged_attention", "PagedAttention MLA decode bf16 B128 H128 L8k, 576/512",
-             "decode bf16 B128 H128 L8192 d576/512 bs64", "GB/s",
-             (("GB/s", COPY), ("GB/s", "torch-gather-bmm"))),
+             "decode bf16 B128 H128 L8192 d576/512 bs64", "TFLOP/s", (("TFLOP/s", "flashmla"),)),
     Headline("paged_attention", "PagedAttention MLA prefill bf16 B1 H128 q2048",
-             "prefill bf16 B1 H128 q2048 past0 d576/512 bs64", "TFLOP/s",
-             (("TFLOP/s", "torch-gather-bmm"),)),
+             "prefill bf16 B1 H128 q2048 past0 d576/512 bs64", "TFLOP/s", ()),
     Headline("index_share", "IndexShare decode bf16 B64 N64 top-2048, cache 8k, one call per graph",
              "bf16 decode B64 Sq1 N64 Nkv1 H128 cache8k top2048", "1/ms",
              (("GB/s", COPY), ("1/ms", "torch-index_select-sdpa"), ("1/ms", "torch-gather-sdpa"))),
@@ -127,7 +128,7 @@ def headline_row(h: Headline, rows: list[dict]) -> str:
             ratios.append(f"{r['ratio']:.0f}x" if r["ratio"] >= 100 else f"{r['ratio']:.2f}x")
             peers.append(f"{PEER_LABELS.get(peer, peer)} {show(r['peer_value'], metric)}")
     mine = show(ours, h.metric) + (f" ({', '.join(extra)})" if extra else "")
-    return f"| {h.what} | {mine} | {'; '.join(peers)} | {'; '.join(ratios)} |"
+    return f"| {h.what} | {mine} | {'; '.join(peers) or '-'} | {'; '.join(ratios) or '-'} |"
 
 
 def load_latest(latest: Path, ops: list[str]) -> dict[str, dict]:
