@@ -21,7 +21,7 @@ GPU_REASON = attnrt.gpu_missing_reason()
 def pytest_configure(config):
     # Tests never touch the user's cache unless ATTNRT_CACHE_DIR is set explicitly.
     if "ATTNRT_CACHE_DIR" not in os.environ:
-        os.environ["ATTNRT_CACHE_DIR"] = tempfile.mkdtemp(prefix="nxrt-test-cache-")
+        os.environ["ATTNRT_CACHE_DIR"] = tempfile.mkdtemp(prefix="attnrt-test-cache-")
 
 
 def pytest_collection_modifyitems(config, items):

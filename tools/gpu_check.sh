@@ -21,7 +21,7 @@ OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-: "${ATTNRT_CACHE_DIR:=${TMPDIR:-/tmp}/nxrt-gpu-check-cache}"
+: "${ATTNRT_CACHE_DIR:=${TMPDIR:-/tmp}/attnrt-gpu-check-cache}"
 export ATTNRT_CACHE_DIR
 
 # The optional compiled launch path (pip install builds it; a bare checkout needs this).

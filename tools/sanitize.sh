@@ -28,7 +28,7 @@ OUT=$(cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-: "${ATTNRT_CACHE_DIR:=${TMPDIR:-/tmp}/nxrt-gpu-check-cache}"
+: "${ATTNRT_CACHE_DIR:=${TMPDIR:-/tmp}/attnrt-gpu-check-cache}"
 export ATTNRT_CACHE_DIR
 TOOLS=${NXRT_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
 LIMIT=${NXRT_SANITIZE_TIMEOUT:-110}
