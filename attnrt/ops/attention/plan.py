@@ -255,7 +255,7 @@ def wg_reason(dims: Dims, dtype: DataType, tc_ok: bool, cc: tuple[int, int] | No
 def dec_cluster_reason(dims: Dims, dp: int, splits: int, cc: tuple[int, int] | None,
                        config: AttentionConfig = DEFAULT_CONFIG) -> str | None:
     """Why the decode split merge of this call cannot run in a thread-block cluster (None: it
-    can). Rank 0 receives every split's partial (O [splits][G·Sq][D] and (max, sum) in f32) in
+    can). Rank 0 receives every split's partial (``O [splits][G·Sq][D]`` and (max, sum) in f32) in
     its idle K/V ring, after the warp-merge scratch (as the receive area in
     attention_fused_tc.cu)."""
     if cc is None or tuple(cc) < (9, 0):
