@@ -298,7 +298,7 @@ __device__ __forceinline__ void is_finish_element(const float* part_o, const flo
 // partials are independent loads, issued IS_MERGE_CB at a time ahead of their arithmetic,
 // two L2 round trips per IS_MERGE_CB splits (one for the max, one for the values) where
 // is_merge_parts' loop waits on ~3 S loads in turn (H200, 8 splits of 128 heads: is_combine
-// took ~7 us; NOTES, IndexShare round 20). pm: the (m, l) pairs of split 0 .. S - 1 (stride
+// took ~7 us; docs/notes/index_share-history.md). pm: the (m, l) pairs of split 0 .. S - 1 (stride
 // 2); po: split 0's value (stride H). For is_combine and the ws build's IS_CMERGE merge. (A
 // template, so that a build that does not call it compiles to the same cubin as without it.)
 template <int IS_MERGE_CB = 8>

@@ -67,7 +67,7 @@
 // tool only, IS_CLUSTER builds, timing-only diagnostics whose outputs are garbage: 1, the
 // consumers only wait for and release every slot, no math, no merge, no stores; 2, the producer
 // gathers only half of every tile's rows (the even passes), the rest of the slot stale; so a
-// trace tells whether the stream's pace is the gather's or the math's, NOTES IndexShare round 19).
+// trace tells whether the stream's pace is the gather's or the math's, docs/notes/index_share-history.md).
 #include "index_share_mma.cuh"
 #include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
@@ -110,7 +110,7 @@
 // landed), each thread stores its O values and rows' (m, L) straight from registers into the
 // ring of the CTA that finishes their channels ([split][row][HD / C] floats, then
 // [split][row] (m, L) pairs), and after a second cluster barrier each CTA merges from its
-// own shared memory (the same arithmetic, the same bits). H200 (NOTES, IndexShare rounds
+// own shared memory (the same arithmetic, the same bits). H200 (docs/notes/index_share-history.md;
 // 21-22): 0.1-1.2 us faster per call than through L2 with eight CTAs (0.4-1.9 in one graph),
 // 0.3-1.7 us slower with four. compute-sanitizer's racecheck (2025.3) reports
 // write-after-write hazards between the ring's cp.async copies and the partners' stores; it
@@ -171,7 +171,7 @@
 #endif
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
-// IS_XSPLIT (on by default where it applies; NOTES IndexShare rounds 15-16: -0.2 to -0.5 us
+// IS_XSPLIT (on by default where it applies; docs/notes/index_share-history.md: -0.2 to -0.5 us
 // per N128 decode call on the H200, bitwise equal; -DIS_XSPLIT=0 turns it off): the cluster build
 // at HD 128 and 128-key tiles sends its partner's half of O while the last P V's other half
 // runs. For that, V's two 64-channel blocks sit swapped in rank 0's slots (the producer's
@@ -310,7 +310,7 @@ __device__ __forceinline__ bool ws_col_bad(const unsigned char* raw, bool idx64,
 
 // A 16-byte row chunk, or 16 zero bytes where key < 0 (cp.async's ignore-source predicate:
 // src is not read, but it stays a valid address). One setp and one copy per chunk: the
-// src-size form needs a select of the size and of the address (NOTES round 10).
+// src-size form needs a select of the size and of the address (docs/notes/index_share-history.md).
 #if IS_CLUSTER
 // With an L2 cache policy (from createpolicy).
 __device__ __forceinline__ void ws_cp_async16_key(unsigned dst, const void* src, int key,
@@ -508,7 +508,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       // The CTA's one item: its index columns had the memory system to themselves (with Q
       // beside them they landed ~0.6 us later, H200 trace). A Q larger than a K tile (128
       // heads at 64-key tiles) goes now, under the key staging; otherwise after K(0)'s
-      // gathers, so that the consumers' first wait is for both at once (NOTES rounds 9, 10).
+      // gathers, so that the consumers' first wait is for both at once (docs/notes/index_share-history.md).
       if (t.nh > KT) load_q(t, qn);
 #endif
       if (qn >= 2) mbar_wait(bar_keysempty(bars, slot), ((qn - 2) >> 1) & 1);
@@ -565,7 +565,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       if (p == 0) WS_TRACE(2);
 #if IS_CLUSTER
       // Decode reads each gathered row once per call: an evict-first L2 policy lets the
-      // rows leave L2 before other lines (H200: decode 0.5-1 us faster, NOTES round 9).
+      // rows leave L2 before other lines (H200: decode 0.5-1 us faster, docs/notes/index_share-history.md).
       unsigned long long evict_first;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(evict_first));
 #endif
@@ -842,7 +842,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         const int g0 = gt + it, g1 = g0 + 1;
         const int st0 = g0 % NST, st1 = g1 % NST;
         // K(t+1) is issued before V(t) and lands first: S(t+1) goes as soon as it has, and
-        // V(t) is waited for only before P(t) V(t) (NOTES IndexShare round 13).
+        // V(t) is waited for only before P(t) V(t) (docs/notes/index_share-history.md).
         mbar_wait(bar_kfull(bars, st1), (g1 / NST) & 1);
         fence_proxy_async();
         if (pp) named_bar_sync(bar_mine, 2 * NTP);
@@ -879,7 +879,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
       {
         // The rows' (m, L) are final (the last softmax ran): to the partner now, on their
         // own mbarrier, so that its merge weights are computed while the last P V runs and
-        // the O granules travel (H200: the stores 0.25 us earlier, NOTES round 11).
+        // the O granules travel (H200: the stores 0.25 us earlier, docs/notes/index_share-history.md).
         Lq[0] = is_quad_sum(l_run[0]);
         Lq[1] = is_quad_sum(l_run[1]);
         if (ctid == 0) ws_mbar_expect_tx(bar_xml(bars), 16u * (unsigned)nsrc);
