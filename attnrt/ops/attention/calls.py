@@ -69,8 +69,8 @@ def check_call(node: Node, attrs: Attrs, inputs: Any, outputs: Any
     ins = V.views(inputs, len(INPUT_NAMES), "inputs", OP)
     (out,) = V.views(outputs, 1, "outputs", OP, required=(0,), mutable=True)
     dims, dtype = check_io(node, attrs, ins, out)
-    V.check_no_self_overlap(out, "output 0", OP)
-    V.check_disjoint({"output 0": out},
+    V.check_no_self_overlap(out, "0", OP)
+    V.check_disjoint({"0": out},
                      {f"{n} ({i})": t for i, (n, t) in enumerate(zip(INPUT_NAMES, ins)) if not t.absent},
                      OP)
     mask = None if ins[3].absent else ins[3]
@@ -90,7 +90,7 @@ def check_workspace_alias(ins: list[TensorView], mask: TensorView | None, out: T
     if not ws_bytes:
         return
     read = {f"{n} ({i})": t for i, (n, t) in enumerate(zip(INPUT_NAMES, [*ins, mask])) if t is not None}
-    V.check_disjoint({"workspace": TensorView(ws_ptr, DataType.UINT8, (ws_bytes,)), "output 0": out},
+    V.check_disjoint({"workspace": TensorView(ws_ptr, DataType.UINT8, (ws_bytes,)), "0": out},
                      read, OP)
 
 
