@@ -123,6 +123,7 @@ def check_disjoint(outputs: Mapping[str, TensorView], inputs: Mapping[str, Tenso
         The two names and their byte ranges.
     """
     ok = {frozenset(p) for p in allowed}
+    views_by_name = {**inputs, **outputs}
     ranges = {}
     for kind, group in (("output", outputs), ("input", inputs)):
         for n, v in group.items():
@@ -141,7 +142,7 @@ def check_disjoint(outputs: Mapping[str, TensorView], inputs: Mapping[str, Tenso
                 continue
             _, a0, a1 = ranges[a]
             kind, b0, b1 = ranges[b]
-            if a0 < b1 and b0 < a1:
+            if a0 < b1 and b0 < a1 and _elements_meet(views_by_name[a], views_by_name[b]):
                 raise KernelError(f"{op}: output {a} [{a0:#x}, {a1:#x}) overlaps {kind} {b} "
                                   f"[{b0:#x}, {b1:#x}); outputs must not alias inputs or each other")
 
@@ -268,3 +269,40 @@ def float32_attr(attrs: Mapping[str, Any], name: str, default: float, op: str) -
     if not math.isfinite(f):
         raise KernelError(f"{op}: attribute {name}={v!r} is not finite in float32")
     return f
+
+
+def _elements_meet(a: TensorView, b: TensorView) -> bool:
+    """Whether two views whose byte ranges intersect share an element. Exact when both have
+    the same itemsize and element strides (interleaved layouts, e.g. a batch stride that
+    places another tensor between batches); otherwise True (the byte ranges decide)."""
+    item = a.dtype.itemsize
+    if (b.dtype.itemsize != item or a.rank != b.rank or a.element_strides != b.element_strides
+            or (b.ptr - a.ptr) % item):
+        return True
+    dims = sorted(((abs(s), na, nb) for s, na, nb in zip(a.element_strides, a.shape, b.shape)
+                   if max(na, nb) > 1), reverse=True)
+    if any(s == 0 for s, _, _ in dims):
+        return True
+    # b.ptr - a.ptr == sum_k (i_k - j_k) * s_k for some index tuples i of a and j of b?
+    # Digits d_k lie in [-(nb_k - 1), na_k - 1]; search them from the largest stride down,
+    # keeping only digits whose remainder the smaller strides can still reach.
+    reach = [(0, 0)] * (len(dims) + 1)
+    for k in range(len(dims) - 1, -1, -1):
+        s, na, nb = dims[k]
+        lo, hi = reach[k + 1]
+        reach[k] = (lo - (nb - 1) * s, hi + (na - 1) * s)
+    budget = [4096]
+
+    def search(k: int, rem: int) -> bool:
+        if k == len(dims):
+            return rem == 0
+        budget[0] -= 1
+        if budget[0] < 0:
+            return True  # too many candidates to settle: keep the conservative answer
+        s, na, nb = dims[k]
+        lo, hi = reach[k + 1]
+        first = max(-(nb - 1), -((hi - rem) // s))
+        last = min(na - 1, (rem - lo) // s)
+        return any(search(k + 1, rem - d * s) for d in range(first, last + 1))
+
+    return search(0, (b.ptr - a.ptr) // item)
