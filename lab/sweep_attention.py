@@ -3,8 +3,9 @@
 
 Compares ``path="fused"`` (the mma.sync kernel ``tc``), ``path="wg"`` (the sm_90a wgmma
 kernel, compute capability 9.0 only) in each main-loop schedule of attention_wg.cu
-(``NXRT_WG_SCHED``: impl ``wg`` = the shipped builds, ``wg-s1``,
-``wg-s2``, ... = the other schedules, see :data:`WG_SCHEDULES`) and, when torch is
+(``NXRT_WG_SCHED``: impl ``wg`` = the shipped builds, ``wg-s6``, ``wg-s7`` = one
+schedule for every call, see :data:`WG_SCHEDULES`; schedules 0-5 were removed, see
+``lab/attention_wg_schedules.md``) and, when torch is
 importable, torch SDPA's flash and cuDNN backends, on D 64/128, (B, H, S) in
 {(8, 32, 1024), (2, 32, 4096), (1, 32, 8192)}, causal and not (TFLOP/s = 4·B·H·S²·D / time,
 halved for causal), bf16 (``--dtypes bf16,f16`` adds the f16 rows).
@@ -64,33 +65,22 @@ CHECKS: list[tuple[str, int, int, int, int, int, int, dict, int, int | None]] = 
     ("bf16", 1, 8, 2, 700, 1000, 128, {"causal": 1}, 0, 5),         # causal + splits
 ]
 
-#: attention_wg.cu schedules (``NXRT_WG_SCHED``): keys per tile (BN), K/V ring stages and,
-#: per head dim, ``MIN_BLOCKS`` (resident CTAs per SM the registers are bounded for; NVRTC
-#: 13 ptxas, no spills: 0: 126/158 registers at D64/D128, 1: 126/168, 2 and 3: 198/205).
-#: the shipped ``WG_BUILD`` picks one schedule per head dim (impl ``wg``); ``wg-sN`` forces N.
-#: 1: S(t+1) and P(t)V(t) in flight under softmax(t+1) (FA3 intra-warpgroup overlap);
-#: 2: 1 with 128-key tiles (S by m64n128k16); 3: 2 with three K/V stages;
-#: 4: FA3 warp specialisation, 384 threads: a cp.async producer warpgroup (setmaxnreg 40)
-#: feeding mbarrier rings, two consumer warpgroups (setmaxnreg 232) running schedule 2's loop
-#: and ping-ponging their GEMMs through named barriers; one CTA per SM (168 registers at
-#: launch; consumers use up to 163/189 at D64/D128, the producer 37/33); 5: 4 with three
-#: K/V stages; 6: 4 as a persistent kernel (one CTA per SM looping over the work items; the
-#: producer streams the next item's Q and first tiles under the consumers' last P V and
-#: store); 7: 6 with the items dealt longest first in snake order (causal balance). Threads,
-#: stages and shared memory follow from the schedule number in attention/builds.py (``wg_threads``,
-#: ``wg_smem_bytes``). A ``wg-sN`` impl runs schedule N for every call (``WG_CAUSAL`` and
-#: ``WG_LONG`` emptied; ``wg-sNkK``: with K keys per tile); impl ``wg`` runs the shipped
-#: choice (``WG_BUILD``, ``WG_CAUSAL``, ``WG_LONG``).
+#: attention_wg.cu schedules (``NXRT_WG_SCHED``): keys per tile and, per head dim,
+#: ``MIN_BLOCKS``. 6: FA3 warp specialisation as a persistent kernel (384 threads: a cp.async
+#: producer warpgroup feeding mbarrier rings, two consumer warpgroups ping-ponging their
+#: GEMMs; one CTA per SM looping over the work items); 7: 6 with the items dealt longest
+#: first in snake order (causal balance). Threads, stages and shared memory follow from the
+#: schedule number in attention/builds.py (``wg_threads``, ``wg_smem_bytes``). A ``wg-sN``
+#: impl runs schedule N for every call (``WG_CAUSAL`` and ``WG_LONG`` emptied; ``wg-sNkK``:
+#: with K keys per tile); impl ``wg`` runs the shipped choice (``WG_BUILD``, ``WG_CAUSAL``,
+#: ``WG_LONG``).
 WG_SCHEDULES: dict[int, dict[str, Any]] = {
-    0: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
-    1: {"keys": 64, "min_blocks": {64: 2, 128: 1}},
-    2: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
-    3: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
-    4: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
-    5: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
     6: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
     7: {"keys": 128, "min_blocks": {64: 1, 128: 1}},
 }
+#: Schedules removed from attention_wg.cu (git keeps them; see the note).
+REMOVED_SCHEDULES = range(6)
+REMOVED_NOTE = "lab/attention_wg_schedules.md"
 PEERS = ("flash", "cudnn")
 
 
@@ -127,6 +117,17 @@ def _sched_smem(sched: int) -> dict[int, int]:
 def _impl_match(impl: str) -> re.Match[str] | None:
     m = re.fullmatch(r"wg-s(\d+)(?:k(\d+))?", impl)
     return m if m and int(m.group(1)) in WG_SCHEDULES else None
+
+
+def removed_impls(names: list[str]) -> list[str]:
+    """The ``wg-sN`` / ``wg-sNkK`` names among ``names`` whose schedule N was removed from
+    attention_wg.cu (see :data:`REMOVED_SCHEDULES`)."""
+    out = []
+    for name in names:
+        m = re.fullmatch(r"wg-s(\d+)(?:k\d+)?", name)
+        if m and int(m.group(1)) in REMOVED_SCHEDULES:
+            out.append(name)
+    return out
 
 
 def impl_sched(impl: str) -> int | None:
@@ -581,6 +582,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.worker == "torch":
         torch_worker(a.quick, reps, dtypes)
         return 0
+    removed = removed_impls([a.worker] if a.worker else [s.strip() for s in a.impls.split(",")])
+    if removed:
+        ap.error(f"{', '.join(removed)}: schedules 0-5 are no longer in attention_wg.cu; "
+                 f"{REMOVED_NOTE} says how to get them back")
     if a.worker:
         if a.worker not in IMPLS:
             ap.error(f"--worker {a.worker!r}: not one of {IMPLS}")
@@ -624,9 +629,9 @@ def main(argv: list[str] | None = None) -> int:
                 results["cases"][r["i"]]["impls"][r["impl"]] = r
         if rc != 0:
             print(f"[sweep] torch worker exited {rc}: {err.strip()[-200:]}", flush=True)
-    # The new schedules first (the budget skips whatever is left at the end), then today's
+    # The forced schedules first (the budget skips whatever is left at the end), then today's
     # wg and the mma.sync kernel.
-    order = sorted(ours, key=lambda i: (impl_sched(i) in (None, 0), i == "fused"))
+    order = sorted(ours, key=lambda i: (impl_sched(i) is None, i == "fused"))
     for impl in order:
         run_impl(impl, all_cases, common, deadline, table, results, checks)
 

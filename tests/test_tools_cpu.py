@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
     pytest.param("lab/graph_gap.py", "one-kernel graph, by kernel shape", marks=pytest.mark.slow),
     pytest.param("lab/rc_cluster_probe.py", "follow cp.async copies", marks=pytest.mark.slow),
     ("tools/plan_snapshot.py", "IndexShare's plan for a grid"),
+    ("lab/sweep_attention.py", "Attention paths on the GPU"),
     ("tools/bench.py", "back-to-back calls before each timed"),
     ("tools/readme_numbers.py", "headline table")])
 def test_tool_help(tool: str, words: str) -> None:
@@ -62,6 +63,39 @@ def test_plan_snapshot_quick(tmp_path: Path) -> None:
         splitk._WS_SPLIT_ITEM_TILES = saved
     assert plan_snapshot.snapshot(quick=True) == a
     assert len(b) == len(a) and b != a
+
+
+@pytest.mark.parametrize("args", [["--impls", "wg,wg-s3"], ["--impls", "wg-s0k64,fused"],
+                                  ["--worker", "wg-s5"]])
+def test_sweep_attention_refuses_removed_schedules(args: list[str]) -> None:
+    """Schedules 0-5 left attention_wg.cu: the sweep names them and the note that has them."""
+    r = subprocess.run([sys.executable, str(ROOT / "lab" / "sweep_attention.py"), *args],
+                       capture_output=True, text=True, timeout=120)
+    bad = [a for a in args[1].split(",") if a.startswith("wg-s")]
+    assert r.returncode == 2, r.stderr
+    assert f"{bad[0]}: schedules 0-5" in r.stderr and "lab/attention_wg_schedules.md" in r.stderr
+    assert (ROOT / "lab" / "attention_wg_schedules.md").is_file()
+
+
+def test_sweep_attention_schedules_compile_in_source() -> None:
+    """Every schedule the sweep can force is one attention_wg.cu accepts, and none it refuses
+    is (the source's #error names the same note)."""
+    import re
+    from unittest import mock
+
+    sys.path.insert(0, str(ROOT / "lab"))
+    try:
+        with mock.patch.dict(os.environ):  # it points ATTNRT_CACHE_DIR at its own cache
+            import sweep_attention
+    finally:
+        sys.path.remove(str(ROOT / "lab"))
+    src = (ROOT / "attnrt" / "ops" / "cuda" / "attention_wg.cu").read_text()
+    m = re.search(r"NXRT_WG_SCHED != (\d+) && NXRT_WG_SCHED != (\d+)", src)
+    assert m and {int(m.group(1)), int(m.group(2))} == set(sweep_attention.WG_SCHEDULES)
+    assert not set(sweep_attention.REMOVED_SCHEDULES) & set(sweep_attention.WG_SCHEDULES)
+    assert sweep_attention.REMOVED_NOTE in src
+    assert sweep_attention.removed_impls(["wg", "wg-s6", "wg-s7k176", "wg-s4", "wg-s1k64"]) == [
+        "wg-s4", "wg-s1k64"]
 
 
 @pytest.mark.slow

@@ -1,49 +1,37 @@
 // attention_wg.cu — fused attention forward with Hopper warpgroup MMA (wgmma): sm_90a only.
 //
-// Same contract, parameters, row packing, grid and split-KV partials as attention_fused_tc.cu
-// (see attention_util.cuh): blockIdx.x = (b*Hkv + kvh) * row_tiles + reversed row tile,
-// blockIdx.y = split. A CTA owns BM = 128 packed query rows against BN = 64-key tiles (128 in
-// schedules 2-3, see NXRT_WG_SCHED below).
+// Same contract, parameters, row packing and split-KV partials as attention_fused_tc.cu (see
+// attention_util.cuh). Work item (x, y) is what that kernel's CTA (blockIdx.x, blockIdx.y)
+// does: x = (b*Hkv + kvh) * row_tiles + reversed row tile, y = split; BM = 128 packed query
+// rows against BN-key tiles (BN = 128, or NXRT_WG_BN).
 //
-// 256 threads = two consumer warpgroups (WG), each owning 64 query rows (the wgmma M). No
-// producer warpgroup: every thread issues cp.async for tile t+1 right after the barrier of
-// tile t, so the copy overlaps tile t's math (the simpler, blind-safe variant of FA3).
-// Shared memory holds Q (128 x D) and two stages of K and V (64 x D each), all in the wgmma
-// "128-byte swizzle" layout of paged_mla_wg.cu: 64-channel blocks of [rows][128 bytes],
-// 16-byte chunk c of row r stored at chunk c ^ (r & 7), blocks 1024-byte aligned. Per tile:
-//   S = Q Kᵀ   wgmma m64n64k16, A = Q and B = K from shared memory (both K-major);
-//   softmax    in registers (a quad holds a row's 64 keys), exp2 with scale·log2e folded;
+// FA3's warp-specialised, persistent schedule (details at the block before the kernel):
+// 384 threads = a cp.async producer warpgroup filling mbarrier-guarded two-slot K/V rings and
+// two consumer warpgroups of 64 query rows each (the wgmma M) whose GEMMs ping-pong against
+// each other's softmax. Launch min(work items, SMs) CTAs (gridDim.y 1); CTA c takes items
+// c, c + gridDim.x, ... Shared memory holds Q (128 x D) and the rings (BN x D per slot), all
+// in the wgmma "128-byte swizzle" layout of paged_mla_wg.cu: 64-channel blocks of
+// [rows][128 bytes], 16-byte chunk c of row r stored at chunk c ^ (r & 7), blocks 1024-byte
+// aligned. Per tile and consumer warpgroup:
+//   S = Q Kᵀ   wgmma m64nBNk16, A = Q and B = K from shared memory (both K-major);
+//   softmax    in registers (a quad holds a row's BN keys), exp2 with scale·log2e folded;
 //              tiles that need it (causal diagonal, window edge, past Sk, softcap, mask) take
 //              the per-element logit transform;
-//   O += P V   wgmma m64n64k16 per 64 output channels, A = P from registers (the S
-//              accumulator layout re-packed to f16/bf16), B = V from shared memory N-major
-//              ("transposed", imm-trans-b = 1: keys are the rows of the stored tile).
-// Defines: NXRT_BF16 (0/1), HEAD_DIM (64 or 128: the runtime D must equal it), MIN_BLOCKS,
-// NXRT_WG_SCHED (the main-loop schedule, default 0):
-//   0  the loop above: per tile, barrier, S = Q Kᵀ, wait, softmax, O += P V, wait (no overlap).
-//   1  FA3's intra-warpgroup pipelining, 64-key tiles: S(t+1) = Q K(t+1)ᵀ is issued, then
-//      O += P(t) V(t) behind it; wgmma.wait_group 1 retires S(t+1) only, so softmax(t+1) runs
-//      while the tensor cores still do P(t) V(t); P(t+1) is packed after wait_group 0. K and V
-//      have separate two-slot rings (K(t+2) and V(t+1) stream in while K(t+1) / V(t) are read).
-//   2  schedule 1 with 128-key tiles (S by m64n128k16: half the barriers and waits per key,
-//      and 1.5x less shared-memory read traffic per S FLOP than two n64 instructions).
-//   3  schedule 2 with three-slot K and V rings: copies are issued two tiles ahead and
-//      waited with cp.async.wait_group 1, so each has two iterations to land.
-//   4  FA3 warp specialisation, 384 threads (launch with blockDim 384; MIN_BLOCKS is
-//      ignored: one CTA per SM): a producer warpgroup fills mbarrier-guarded K/V rings with
-//      cp.async, two consumer warpgroups run schedule 2's loop and ping-pong their GEMMs
-//      against each other's softmax (named barriers 1 and 2). See the block at the end.
-//   5  schedule 4 with three-slot K and V rings.
-//   6  schedule 4, persistent: launch min(work items, SMs) CTAs (gridDim.y 1); CTA c takes
-//      items c, c + gridDim.x, ... (item x + y * n_x of the one-CTA-per-item grid
-//      (n_x = B*Hkv*row_tiles, splits)). The ring and its mbarrier phases run on across
-//      items, so the producer streams the next item's K(0), Q (once the consumers' last
-//      S GEMM of the item retired: a "Q empty" mbarrier) and V(0) while the consumers
-//      finish the item's last P V and store it. Same arithmetic per item as schedule 4.
-//   7  schedule 6 with the items ordered longest first and dealt in snake order (causal).
-// Shared memory: HEAD_DIM/64 * (128*128 + 2*NST*BN*128) + 1024 bytes, BN = 128 for schedules
-// 2-7 and 64 otherwise, NST = 3 for schedules 3 and 5 and 2 otherwise, plus 256 bytes of
-// mbarriers for schedules 4-7 (attention.py's wg_smem_bytes).
+//   O += P V   wgmma with A = P from registers (the S accumulator layout re-packed to
+//              f16/bf16), B = V from shared memory N-major ("transposed", imm-trans-b = 1:
+//              keys are the rows of the stored tile); S(t+1) is issued before P(t) V(t), so
+//              softmax(t+1) runs while the tensor cores still do P(t) V(t).
+// Defines: NXRT_BF16 (0/1), HEAD_DIM (64 or 128: the runtime D must equal it), NXRT_WG_BN
+// (keys per tile: 128 by default, or 176), MIN_BLOCKS (ignored: one CTA per SM), and
+// NXRT_WG_SCHED, the order in which a CTA takes its work items:
+//   6  item i = (i % n_x, i / n_x) of the (n_x = B*Hkv*row_tiles, splits) grid, so the CTAs
+//      of a round share the K/V rows of few heads in L2.
+//   7  items dealt longest first in snake order (for causal masking).
+// Only these two schedules ship; schedules 0-5 (no warp specialisation, three-slot rings,
+// one CTA per item) and the NXRT_WG_PREG / NXRT_WG_CREG register overrides are in git
+// history: see lab/attention_wg_schedules.md.
+// Shared memory: HEAD_DIM/64 * (128*128 + 4*BN*128) + 256 bytes of mbarriers + 1024 bytes
+// (attention/builds.py's build_smem_bytes).
 #include "attention_util.cuh"
 
 #ifndef NXRT_BF16
@@ -52,19 +40,9 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 1
+#if !defined(NXRT_WG_SCHED) || (NXRT_WG_SCHED != 6 && NXRT_WG_SCHED != 7)
+#error "NXRT_WG_SCHED must be 6 or 7 (the others: lab/attention_wg_schedules.md)"
 #endif
-#ifndef NXRT_WG_SCHED
-#define NXRT_WG_SCHED 0
-#endif
-#if NXRT_WG_SCHED < 0 || NXRT_WG_SCHED > 7
-#error "NXRT_WG_SCHED must be 0 .. 7"
-#endif
-// K/V stages (ring slots). A macro, not a constexpr: schedule 0's module stays identical.
-#define NXRT_WG_NST ((NXRT_WG_SCHED == 3 || NXRT_WG_SCHED == 5) ? 3 : 2)
-// Schedules 6-7: persistent CTAs (see above).
-#define NXRT_WG_PERSIST (NXRT_WG_SCHED >= 6)
 
 #if NXRT_BF16
 typedef __nv_bfloat16 T;
@@ -77,30 +55,32 @@ typedef __half T;
 using namespace nxrt;
 using namespace nxrt_attn;
 
+// NVRTC emits each namespace-scope constexpr below as a global of the module: adding,
+// removing or reordering one changes the shipped CUBINs (tools/cubin_hashes.py).
+
 namespace {
 
 constexpr int DP = HEAD_DIM;
 constexpr int BM = 128;          // packed query rows per CTA
-// Keys per tile: 64 (schedules 0-1), 128 (2-7), or NXRT_WG_BN (176: schedules 4-7 only).
+// Keys per tile: 128, or NXRT_WG_BN.
 #ifdef NXRT_WG_BN
 constexpr int BN = NXRT_WG_BN;
-static_assert(NXRT_WG_BN == 128 || (NXRT_WG_BN == 176 && NXRT_WG_SCHED >= 4),
-              "NXRT_WG_BN: 128, or 176 with schedules 4-7");
+static_assert(NXRT_WG_BN == 128 || NXRT_WG_BN == 176, "NXRT_WG_BN: 128 or 176");
 #else
-constexpr int BN = NXRT_WG_SCHED >= 2 ? 128 : 64;
+constexpr int BN = 128;
 #endif
-// Two warpgroups; schedules 4-5 add a producer warpgroup (see there).
-constexpr int NT = NXRT_WG_SCHED >= 4 ? 384 : 256;
+// A producer warpgroup and two consumer warpgroups (see the block before the kernel).
+constexpr int NT = 384;
 constexpr int HB = DP / 64;      // 64-channel blocks per row
 constexpr int CH = DP / 8;       // 16-byte chunks per row
 constexpr int QBLK = BM * 128;   // one 64-channel block of Q
 constexpr int TBLK = BN * 128;   // one 64-channel block of a K or V tile
 constexpr int Q_BYTES = HB * QBLK;
 constexpr int T_BYTES = HB * TBLK;
-constexpr int OFF_KV = Q_BYTES;  // stage s: K at OFF_KV + 2 s T_BYTES, V right after it
-constexpr int SMEM_USED = Q_BYTES + 2 * NXRT_WG_NST * T_BYTES;
-// Schedules 4-5 keep their mbarriers in 256 bytes after the tiles.
-constexpr int BAR_BYTES = NXRT_WG_SCHED >= 4 ? 256 : 0;
+constexpr int OFF_KV = Q_BYTES;  // the K and V rings follow Q
+constexpr int SMEM_USED = Q_BYTES + 4 * T_BYTES;  // Q, two ring slots each of K and V
+// The mbarriers, in 256 bytes after the tiles.
+constexpr int BAR_BYTES = 256;
 constexpr int SMEM_BYTES = SMEM_USED + BAR_BYTES + 1024;  // + slack to align the base to 1 KiB
 static_assert(SMEM_BYTES <= 232448, "more than the 227 KiB of opt-in shared memory per block");
 
@@ -110,28 +90,11 @@ static_assert(QBLK % 1024 == 0 && TBLK % 1024 == 0 && OFF_KV % 1024 == 0,
 
 #include "wgmma.cuh"
 
-#if NXRT_WG_SCHED <= 3  // (schedules 4-5 copy with produce_tile)
-// cp.async of the BN key rows from key j0 of `base` (row stride s_s) into a swizzled tile
-// (zero-fill past Sk, so P·V never multiplies a masked 0 by garbage).
-__device__ __forceinline__ void load_tile(unsigned char* dst, const T* __restrict__ base,
-                                          long long s_s, int j0, int Sk, int tid) {
-#pragma unroll
-    for (int id = tid; id < BN * CH; id += NT) {
-        const int rr = id / CH;
-        const int c = id - rr * CH;
-        const int j = j0 + rr;
-        const bool ok = j < Sk;
-        const T* src = ok ? base + (long long)j * s_s + c * 8 : base;
-        cp_async_16(dst + sw_off(rr, c, TBLK), src, ok ? 16 : 0);
-    }
-}
-#endif
-
 }  // namespace
 
-// Epilogue of every schedule (per thread, no shared memory): with one split the normalised
-// output rows (a row that saw no visible key has l = 0 and o = 0: zeros), else this split's
-// unnormalised partial O and its (m, l) for attn_combine.
+// Epilogue (per thread, no shared memory): with one split the normalised output rows (a row
+// that saw no visible key has l = 0 and o = 0: zeros), else this split's unnormalised partial
+// O and its (m, l) for attn_combine.
 __device__ __forceinline__ void store_rows(float (&o)[HB][32], const float (&l_run)[2],
                                            const float (&m_run)[2], const Row (&rows)[2],
                                            int split, int splits, T* __restrict__ out,
@@ -172,196 +135,13 @@ __device__ __forceinline__ void store_rows(float (&o)[HB][32], const float (&l_r
     }
 }
 
-#if NXRT_WG_SCHED == 0
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
-attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
-    // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    // A launch with less dynamic shared memory than this layout would write past the end.
-    if (dynamic_smem_bytes() < (unsigned)SMEM_BYTES) return;
-    // The 128-byte swizzle repeats every 1024 bytes; descriptors assume atoms start on such a
-    // boundary (base_offset 0), so round the base up (SMEM_BYTES has the slack).
-    unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    const unsigned sbase = smem_u32(smem);
-    unsigned char* sQ = smem;
-    unsigned char* sKV = smem + OFF_KV;
-
-    const int tid = threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp within it
-    const int g = lane >> 2, tq = lane & 3;
-
-    const Work w = decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
-    const T* kbase = k + w.b * k_sb + w.kvh * k_sh;
-    const T* vbase = v + w.b * v_sb + w.kvh * v_sh;
-    const bool has_mask = mask_planes > 0;
-    const bool general = softcap > 0.f || has_mask;
-    const float scale_log2 = scale * kLog2e;
-
-    // This thread's two rows in the wgmma accumulator layout: warp wq of WG wg owns tile rows
-    // 64 wg + 16 wq .. +15; x = 0: row g, x = 1: row g + 8.
-    Row rows[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x)
-        rows[x] = make_row(w, w.r0 + 64 * wg + 16 * wq + g + 8 * x, B, H, Sq, Sk, q_sb, q_sh,
-                           q_ss, o_sb, o_sh, o_ss, mask_planes);
-
-    // O[:, 64 qb + 8 j + 2 tq + (e & 1)] of row x = e >> 1 is o[qb][4 j + e].
-    float o[HB][32];
-#pragma unroll
-    for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
-    float m_run[2] = {neg_inf(), neg_inf()};
-    float l_run[2] = {0.f, 0.f};  // this thread's share of the row sums (quad-reduced at the end)
-
-    const int n_tiles = w.t_end - w.t_beg;
-    if (n_tiles > 0) {
-        // Prologue: Q rows (zero for packed rows past R) and tile 0 of K and V, one group.
-        for (int id = tid; id < BM * CH; id += NT) {
-            const int rr = id / CH;
-            const int c = id - rr * CH;
-            const int r = w.r0 + rr;
-            const bool ok = r < w.R;
-            const T* src = q;
-            if (ok) {
-                const int i = r / w.G;
-                const int h = w.kvh * w.G + (r - i * w.G);
-                src = q + w.b * q_sb + h * q_sh + i * q_ss + c * 8;
-            }
-            cp_async_16(sQ + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
-        }
-        load_tile(sKV, kbase, k_ss, w.t_beg * BN, Sk, tid);
-        load_tile(sKV + T_BYTES, vbase, v_ss, w.t_beg * BN, Sk, tid);
-        cp_async_commit();
-    }
-
-    const unsigned qa = sbase + 64 * wg * 128;  // this WG's 64 rows of Q (8 KB, 1024-aligned)
-    for (int it = 0; it < n_tiles; ++it) {
-        const int t = w.t_beg + it;
-        const int stage = it & 1;
-        const int kb = t * BN;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        // [A] Tile t (and at it == 0 Q) landed and is visible to wgmma; both WGs waited on
-        // their wgmma groups of tile t-1, so its stage may be refilled.
-        __syncthreads();
-        if (it + 1 < n_tiles) {
-            unsigned char* nst = sKV + (stage ^ 1) * 2 * T_BYTES;
-            load_tile(nst, kbase, k_ss, kb + BN, Sk, tid);
-            load_tile(nst + T_BYTES, vbase, v_ss, kb + BN, Sk, tid);
-            cp_async_commit();
-        }
-        const unsigned sK = sbase + OFF_KV + stage * 2 * T_BYTES;
-        const unsigned sV = sK + T_BYTES;
-
-        // ---- S = Q Kᵀ (64 x 64 per WG), K = D in 16-channel steps: 4 per 128-byte row.
-        float s[32];
-#pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] = 0.f;
-        fence_regs(s);
-        wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < DP / 16; ++ks) {
-            const unsigned qoff = (ks >> 2) * QBLK + (ks & 3) * 32;
-            const unsigned koff = (ks >> 2) * TBLK + (ks & 3) * 32;
-            wg_ss(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
-                  ks > 0 ? 1 : 0);
-        }
-        wg_commit();
-        wg_wait0();
-        fence_regs(s);
-
-        // ---- Logits (log2 domain) and row maxima; s[4 j + e] is key kb + 8 j + 2 tq + (e & 1).
-        const bool check = !tile_fully_visible(w, BM, kb, BN, Sq, Sk, causal, window);
-        float tmax[2] = {neg_inf(), neg_inf()};
-        if (!general && !check) {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-                s[i] *= scale_log2;
-                tmax[(i >> 1) & 1] = fmaxf(tmax[(i >> 1) & 1], s[i]);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 32; ++i) {
-                const int x = (i >> 1) & 1;
-                const int j = kb + 8 * (i >> 2) + 2 * tq + (i & 1);
-                float y;
-                if (general) {
-                    y = s[i] * scale;
-                    if (softcap > 0.f) y = softcap * fast_tanh(y / softcap);
-                    if (rows[x].m_off >= 0 && j < Sk) y += to_float(mask[rows[x].m_off + j]);
-                    y *= kLog2e;
-                } else {
-                    y = s[i] * scale_log2;
-                }
-                if (!visible(j, rows[x].p, Sk, causal, window)) y = neg_inf();
-                s[i] = y;
-                tmax[x] = fmaxf(tmax[x], y);
-            }
-        }
-        float alpha[2], m_use[2];
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-            tmax[x] = quad_max(tmax[x]);
-            alpha[x] = online_rescale(m_run[x], tmax[x], m_use[x]);
-            l_run[x] *= alpha[x];
-        }
-        // ---- P = 2^(s - m) as the A operand of P V: k-step kk covers keys 16 kk .. +15;
-        // register 0/2: row g (keys lo/hi 8), 1/3: row g + 8.
-        unsigned pa[4][4];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float p0 = exp2f(s[4 * j + 0] - m_use[0]);
-            const float p1 = exp2f(s[4 * j + 1] - m_use[0]);
-            const float p2 = exp2f(s[4 * j + 2] - m_use[1]);
-            const float p3 = exp2f(s[4 * j + 3] - m_use[1]);
-            l_run[0] += p0 + p1;
-            l_run[1] += p2 + p3;
-            pa[j >> 1][2 * (j & 1) + 0] = pack2<T>(p0, p1);
-            pa[j >> 1][2 * (j & 1) + 1] = pack2<T>(p2, p3);
-        }
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                o[qb][4 * j + 0] *= alpha[0];
-                o[qb][4 * j + 1] *= alpha[0];
-                o[qb][4 * j + 2] *= alpha[1];
-                o[qb][4 * j + 3] *= alpha[1];
-            }
-
-        // ---- O += P V; V = the tile's channels, N-major.
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk)
-#pragma unroll
-            for (int qb = 0; qb < HB; ++qb)
-                wg_rs(o[qb], pa[kk], desc_sw128(sV + qb * TBLK + kk * (16 * 128), TBLK, 1024));
-        wg_commit();
-        wg_wait0();
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-    }
-    cp_async_wait<0>();
-
-    // ---- Epilogue (per thread, no shared memory: nothing to synchronise).
-    store_rows(o, l_run, m_run, rows, w.split, splits, out, ws_o, ws_ml, (long long)B * H * Sq, D,
-               tq);
-}
-#else  // NXRT_WG_SCHED >= 1: S(t+1) and P(t) V(t) in flight while softmax(t+1) runs
-// (the helpers below serve schedules 1-5; the kernel right after them, 1-3)
-
 namespace {
 
 constexpr int NS = BN / 2;                    // S accumulators per thread (a quad: BN keys)
-constexpr int NST = NXRT_WG_NST;              // K/V ring slots
+constexpr int NST = 2;                        // K/V ring slots
 constexpr int OFF_K = Q_BYTES;                  // K ring slot i at OFF_K + i T_BYTES
 constexpr int OFF_V = Q_BYTES + NST * T_BYTES;  // V ring slot i at OFF_V + i T_BYTES
 static_assert(SMEM_USED == OFF_V + NST * T_BYTES, "the rings fill the layout of SMEM_BYTES");
-static_assert(NST == 2 || NST == 3, "two or three K/V stages");
 
 // S = Q Kᵀ for this warpgroup's 64 rows against the BN keys at sK (both K-major, swizzled);
 // issued only (the caller commits and waits). K = D in 16-channel steps: 4 per 128-byte row.
@@ -373,12 +153,9 @@ __device__ __forceinline__ void issue_s(float (&s)[NS], unsigned qa, unsigned sK
 #if defined(NXRT_WG_BN) && NXRT_WG_BN == 176
         wg_ss176(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
                  ks > 0 ? 1 : 0);
-#elif NXRT_WG_SCHED >= 2
+#else
         wg_ss128(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
                  ks > 0 ? 1 : 0);
-#else
-        wg_ss(s, desc_sw128(qa + qoff, 16, 1024), desc_sw128(sK + koff, 16, 1024),
-              ks > 0 ? 1 : 0);
 #endif
     }
 }
@@ -413,7 +190,7 @@ __device__ __forceinline__ void rescale_o(float (&o)[HB][32], const float (&alph
 }
 
 // fast_tanh (attention_util.cuh) with an approximate divide: an IEEE divide has a slow-path
-// subroutine call, and registers live across it spill at D64 with 2 CTAs per SM. 2/(1+e)
+// subroutine call, and registers live across it spill (at D64 with 2 CTAs per SM). 2/(1+e)
 // with e = inf gives 0 (tanh 1), e = 0 gives 2 (tanh -1); error ~2 ulp of the quotient.
 __device__ __forceinline__ float tanh_approx(float x) {
     return 1.f - __fdividef(2.f, 1.f + exp2f(x * (2.f * kLog2e)));
@@ -519,201 +296,24 @@ __device__ __forceinline__ void pack_p(unsigned (&pa)[BN / 16][4], const float (
 
 }  // namespace
 
-#if NXRT_WG_SCHED <= 3
-extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
-attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
-    // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    // A launch with less dynamic shared memory than this layout would write past the end.
-    if (dynamic_smem_bytes() < (unsigned)SMEM_BYTES) return;
-    // Swizzle atoms start on 1024-byte boundaries (descriptor base_offset 0).
-    unsigned char* smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    const unsigned sbase = smem_u32(smem);
-    unsigned char* sQ = smem;
-    unsigned char* sK = smem + OFF_K;  // K ring: slot i at sK + i T_BYTES
-    unsigned char* sV = smem + OFF_V;  // V ring: slot i at sV + i T_BYTES
-
-    const int tid = threadIdx.x;
-    const int lane = tid & 31, warp = tid >> 5;
-    const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp within it
-    const int g = lane >> 2, tq = lane & 3;
-
-    const Work w = decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
-    const T* kbase = k + w.b * k_sb + w.kvh * k_sh;
-    const T* vbase = v + w.b * v_sb + w.kvh * v_sh;
-    const bool general = softcap > 0.f || mask_planes > 0;
-    const float scale_log2 = scale * kLog2e;
-    const float inv_softcap = softcap > 0.f ? 1.f / softcap : 0.f;
-
-    // This thread's two rows in the wgmma accumulator layout: warp wq of WG wg owns tile rows
-    // 64 wg + 16 wq .. +15; x = 0: row g, x = 1: row g + 8.
-    Row rows[2];
-#pragma unroll
-    for (int x = 0; x < 2; ++x)
-        rows[x] = make_row(w, w.r0 + 64 * wg + 16 * wq + g + 8 * x, B, H, Sq, Sk, q_sb, q_sh,
-                           q_ss, o_sb, o_sh, o_ss, mask_planes);
-
-    // O[:, 64 qb + 8 j + 2 tq + (e & 1)] of row x = e >> 1 is o[qb][4 j + e].
-    float o[HB][32];
-#pragma unroll
-    for (int qb = 0; qb < HB; ++qb)
-#pragma unroll
-        for (int i = 0; i < 32; ++i) o[qb][i] = 0.f;
-    float s[NS];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) s[i] = 0.f;
-    unsigned pa[BN / 16][4];
-    float m_run[2] = {neg_inf(), neg_inf()};
-    float l_run[2] = {0.f, 0.f};
-    float alpha[2] = {1.f, 1.f};  // pending rescale of O, applied before the next O += P V
-
-    const unsigned qa = sbase + 64 * wg * 128;  // this WG's 64 rows of Q (8 KB, 1024-aligned)
-    const int n_tiles = w.t_end - w.t_beg;
-    // Ring slots are by tile index relative to t_beg: K(t) and V(t) in slot (t - t_beg) % NST.
-    if (n_tiles > 0) {
-        // Prologue, group 1: Q (zero for packed rows past R) and K(t_beg).
-        for (int id = tid; id < BM * CH; id += NT) {
-            const int rr = id / CH;
-            const int c = id - rr * CH;
-            const int r = w.r0 + rr;
-            const bool ok = r < w.R;
-            const T* src = q;
-            if (ok) {
-                const int i = r / w.G;
-                const int h = w.kvh * w.G + (r - i * w.G);
-                src = q + w.b * q_sb + h * q_sh + i * q_ss + c * 8;
-            }
-            cp_async_16(sQ + sw_off(rr, c, QBLK), src, ok ? 16 : 0);
-        }
-        load_tile(sK, kbase, k_ss, w.t_beg * BN, Sk, tid);
-        cp_async_commit();
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();  // [P] Q and K(t_beg) visible to wgmma; the rings are otherwise empty
-        // Group 2: V(t_beg) into V slot 0, K(t_beg + 1) into K slot 1; they land under S(t_beg).
-        load_tile(sV, vbase, v_ss, w.t_beg * BN, Sk, tid);
-        if (n_tiles > 1) load_tile(sK + T_BYTES, kbase, k_ss, (w.t_beg + 1) * BN, Sk, tid);
-        cp_async_commit();
-        if (NST == 3) {
-            // Group 3 (three stages: copies run two tiles ahead): V(t_beg + 1), K(t_beg + 2).
-            if (n_tiles > 1) load_tile(sV + T_BYTES, vbase, v_ss, (w.t_beg + 1) * BN, Sk, tid);
-            if (n_tiles > 2)
-                load_tile(sK + 2 * T_BYTES, kbase, k_ss, (w.t_beg + 2) * BN, Sk, tid);
-            cp_async_commit();
-        }
-
-        wg_fence();
-        issue_s(s, qa, sbase + OFF_K);
-        wg_commit();
-        wg_wait0();
-        fence_regs(s);
-        softmax_tile(s, w, rows, w.t_beg * BN, tq, Sq, Sk, causal, window, general, softcap,
-                     inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
-        pack_p(pa, s);
-    }
-
-    // Iteration it (tile t = t_beg + it, it + 1 < n_tiles): on entry pa = P(t), O lacks the
-    // factor alpha of softmax(t), and K(t+1) and V(t) are in the oldest pending copy group
-    // (two stages: the only one; three: the one before the newest, which holds K(t+2) and
-    // V(t+1)).
-    for (int it = 0; it + 1 < n_tiles; ++it) {
-        const int t = w.t_beg + it;
-        const int slot = it % NST;            // K(t) (retired), V(t) (read now)
-        const int slot1 = (it + 1) % NST;     // K(t+1) (read now)
-        const int slot_m1 = (it + NST - 1) % NST;  // V(t-1) (retired)
-        if (NST == 3)
-            cp_async_wait<1>();
-        else
-            cp_async_wait<0>();
-        fence_proxy_async();
-        // [A] K(t+1) and V(t) landed and are visible to wgmma. Every warpgroup has retired
-        // S(t) (wait_group 1 last iteration / in the prologue) and P(t-1) V(t-1) (wait_group
-        // 0), so K slot `slot` (K(t)) and V slot `slot_m1` (V(t-1)) may be refilled: with
-        // K(t + NST) and V(t + NST - 1), the tiles NST - 1 iterations ahead.
-        __syncthreads();
-        if (it + NST < n_tiles)
-            load_tile(sK + slot * T_BYTES, kbase, k_ss, (t + NST) * BN, Sk, tid);
-        if (it + NST - 1 < n_tiles)
-            load_tile(sV + slot_m1 * T_BYTES, vbase, v_ss, (t + NST - 1) * BN, Sk, tid);
-        cp_async_commit();  // possibly empty: one group per iteration keeps the wait counts
-
-        // S(t+1) = Q K(t+1)ᵀ, then O = alpha O + P(t) V(t), two groups in this order.
-        wg_fence();
-        issue_s(s, qa, sbase + OFF_K + slot1 * T_BYTES);
-        wg_commit();
-        rescale_o(o, alpha);  // O is no wgmma's accumulator now: P(t-1) V(t-1) was retired
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-        wg_fence();
-        issue_pv(o, pa, sbase + OFF_V + slot * T_BYTES);
-        wg_commit();
-
-        // S(t+1) retired (groups retire in order); P(t) V(t) may still run: softmax(t+1)
-        // touches only s, m_run, l_run and alpha (not o, not pa) until wait_group 0.
-        wg_wait1();
-        fence_regs(s);
-        softmax_tile(s, w, rows, (t + 1) * BN, tq, Sq, Sk, causal, window, general, softcap,
-                     inv_softcap, scale, scale_log2, mask, m_run, l_run, alpha);
-        wg_wait0();
-        // Pins both: O's next use and the overwrite of pa (P(t) was wgmma input) stay after
-        // the wait.
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-        fence_regs(s);
-        pack_p(pa, s);
-    }
-
-    if (n_tiles > 0) {
-        // Last tile: O = alpha O + P V with V(t_end - 1) (its copy group is the only one left).
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();  // [B] V(t_end - 1) visible to wgmma
-        rescale_o(o, alpha);
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-        wg_fence();
-        issue_pv(o, pa, sbase + OFF_V + ((n_tiles - 1) % NST) * T_BYTES);
-        wg_commit();
-        wg_wait0();
-#pragma unroll
-        for (int qb = 0; qb < HB; ++qb) fence_regs(o[qb]);
-    }
-
-    // ---- Epilogue (per thread, no shared memory: nothing to synchronise). The rows are
-    // rebuilt here from laundered indices (the compiler cannot reuse the prologue's products)
-    // so their output offsets hold no registers across the main loop: D64 with 2 CTAs per SM
-    // sits at the 128-register limit.
-    {
-        Work we = w;
-        int rbase = w.r0 + 64 * wg + 16 * wq + g;
-        asm volatile("" : "+r"(we.b), "+r"(we.kvh), "+r"(rbase));
-#pragma unroll
-        for (int x = 0; x < 2; ++x)
-            rows[x] = make_row(we, rbase + 8 * x, B, H, Sq, Sk, q_sb, q_sh, q_ss, o_sb, o_sh,
-                               o_ss, mask_planes);
-    }
-    store_rows(o, l_run, m_run, rows, w.split, splits, out, ws_o, ws_ml, (long long)B * H * Sq, D,
-               tq);
-}
-#else  // NXRT_WG_SCHED 4-7
-// ---- Schedules 4-7: FA3 warp specialisation. 384 threads = three warpgroups:
+// ---- FA3 warp specialisation. 384 threads = three warpgroups:
 //   WG0, the producer (setmaxnreg.dec to PREG registers): Q once, then K and V tiles into
 //       NST-slot rings with cp.async; each thread's copies of a tile arrive (on landing) on
 //       the tile's "full" mbarrier (cp.async.mbarrier.arrive.noinc, count 128). Before it
 //       refills a slot it waits on the slot's "empty" mbarrier.
 //   WG1, WG2, the consumers (setmaxnreg.inc to CREG registers), 64 query rows each (tile
-//       rows 64 (wg - 1) ..), schedule 2's loop per warpgroup: S(t+1) and P(t) V(t) issued
-//       back to back, softmax(t+1) under P(t) V(t). A warp releases a K slot (one arrival of
+//       rows 64 (wg - 1) ..), each running its own loop: S(t+1) and P(t) V(t) issued back
+//       to back, softmax(t+1) under P(t) V(t). A warp releases a K slot (one arrival of
 //       8 on "empty") once its S retired, a V slot once its P V retired.
 //   Ping-pong (FA3 §3.1): named barrier 1 + c is "consumer c may issue": c syncs on it
 //   before issuing its GEMMs of a tile and arrives on the other's right after, so one
 //   warpgroup's softmax runs while the other's GEMMs occupy the tensor cores. WG1 arrives on
 //   its own barrier once at the start (it goes first). Both consumers run the same tiles,
 //   so the syncs and arrivals pair up; the one arrival left at the end is harmless.
-// No __syncthreads after the role split. Schedule 5 = 4 with three ring slots.
-// Schedules 6-7 (persistent): each CTA loops over work items; both roles walk the same item
-// sequence and count ring tiles across items (tile gt of the CTA in slot gt % NST), so no
-// barrier is re-initialised. Each item leaves one arrival on named barrier 1 (see above):
+// No __syncthreads after the role split.
+// Persistent: each CTA loops over work items; both roles walk the same item sequence and
+// count ring tiles across items (tile gt of the CTA in slot gt % NST), so no barrier is
+// re-initialised. Each item leaves one arrival on named barrier 1 (see above):
 // the next item's "consumer 0 goes first". The last V slot of an item is released like the
 // others (the producer reuses it), and the consumers release Q ("Q empty", one arrival per
 // consumer warp) once the item's S GEMMs have all retired.
@@ -721,14 +321,8 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
 namespace {
 
 constexpr int NTP = 128;  // producer threads (WG0)
-#ifndef NXRT_WG_PREG
-#define NXRT_WG_PREG 40
-#endif
-#ifndef NXRT_WG_CREG
-#define NXRT_WG_CREG 232
-#endif
-constexpr int PREG = NXRT_WG_PREG;  // producer registers per thread after setmaxnreg.dec
-constexpr int CREG = NXRT_WG_CREG;  // consumer registers per thread after setmaxnreg.inc
+constexpr int PREG = 40;   // producer registers per thread after setmaxnreg.dec
+constexpr int CREG = 232;  // consumer registers per thread after setmaxnreg.inc
 static_assert(PREG % 8 == 0 && CREG % 8 == 0 && PREG >= 24 && CREG <= 256,
               "setmaxnreg counts: multiples of 8 in [24, 256]");
 // The launch holds 168 registers x 384 threads (ptxas: 65536 / 384 rounded down to 8); the
@@ -815,13 +409,12 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
     const int wg = warp >> 2, wq = warp & 3;  // warpgroup (0 producer), warp within it
     const int g = lane >> 2, tq = lane & 3;
 
-    // Work items. Schedules 4-5: one per CTA, item (blockIdx.x, blockIdx.y) of the
-    // (n_x, splits) grid. Schedules 6-7: rounds of gridDim.x items, CTA c taking item c of
-    // each round. Schedule 6: item i is (i % n_x, i / n_x), so the CTAs of a round share the
-    // K/V rows of few heads in L2. Schedule 7 (for causal masking, where the last row tile
-    // of a head sees the most keys): item i is the (i / n_bh)-th longest row tile of (head,
-    // split) i % n_bh, and odd rounds run the CTAs in reverse ("snake"), so that every CTA's
-    // total stays close to the mean.
+    // Work items: rounds of gridDim.x items, CTA c taking item c of each round. Schedule 6:
+    // item i is (i % n_x, i / n_x), so the CTAs of a round share the K/V rows of few heads in
+    // L2. Schedule 7 (for causal masking, where the last row tile of a head sees the most
+    // keys): item i is the (i / n_bh)-th longest row tile of (head, split) i % n_bh, and odd
+    // rounds run the CTAs in reverse ("snake"), so that every CTA's total stays close to the
+    // mean.
     const int n_x = B * Hkv * row_tiles;
     const int n_items = n_x * splits;
 #if NXRT_WG_SCHED == 7
@@ -837,19 +430,13 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
         return decode_work_at(bh * row_tiles + rank, j - bh * splits, BM, BN, B, H, Hkv, Sq, Sk,
                               causal, window, row_tiles, splits);
     };
-#elif NXRT_WG_SCHED == 6
+#else  // NXRT_WG_SCHED == 6
     const int n_rounds = (n_items + (int)gridDim.x - 1) / (int)gridDim.x;
     auto item_at = [&](int r) { return (int)blockIdx.x + r * (int)gridDim.x; };
     auto work = [&](int item) {
         const int y = item / n_x;
         return decode_work_at(item - y * n_x, y, BM, BN, B, H, Hkv, Sq, Sk, causal, window,
                               row_tiles, splits);
-    };
-#else
-    const int n_rounds = 1;
-    auto item_at = [&](int) { return 0; };
-    auto work = [&](int) {
-        return decode_work(BM, BN, B, H, Hkv, Sq, Sk, causal, window, row_tiles, splits);
     };
 #endif
 
@@ -1049,8 +636,9 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
             ++qn;
         }
 
-        // ---- Epilogue (per thread, no shared memory: nothing to synchronise), as schedules
-        // 1-3 (rows rebuilt from laundered indices: no registers held across the main loop).
+        // ---- Epilogue (per thread, no shared memory: nothing to synchronise). The rows are
+        // rebuilt from laundered indices, so their output offsets hold no registers across
+        // the main loop.
         {
             Work we = w;
             int rbase = w.r0 + 64 * cw + 16 * wq + g;
@@ -1064,5 +652,3 @@ attn_fused_wg(NXRT_ATTN_FUSED_PARAMS(T)) {
                    (long long)B * H * Sq, D, tq);
     }  // items
 }
-#endif  // NXRT_WG_SCHED <= 3
-#endif  // NXRT_WG_SCHED
