@@ -9,7 +9,8 @@ each variant of the warp-specialised cluster build (``cuda/index_share_ws.cu``):
   turn, and ``STEP_CALLS`` calls in one graph; median of 20 CUDA-event samples) and prints
   microseconds per call, the error against the torch peer, and whether the output is
   bitwise equal to the case's first variant;
-- a traced variant (``trace=1``) compiles the kernel with ``IS_TRACE``: every CTA stamps
+- a traced variant (``trace=1``) compiles the kernel with ``lab/index_share_trace.cuh`` in
+  place of the package's ``index_share_trace.cuh`` (whose hooks are no-ops): every CTA stamps
   ``%globaltimer`` at its phase boundaries (index landed, keys staged, K(0) landed, loop
   done, partner's half landed, combined, stored; see the kernel's header) into a buffer
   passed as ``part_o``. Printed: the median over CTAs and the latest CTA of each phase, in
@@ -41,14 +42,10 @@ dependent launch) and ``D<NAME>`` (an extra ``-D<NAME>=VALUE`` for the build). E
 of a case runs on the same inputs, ``--rounds`` times interleaved (A B A B), so that
 variants are compared within one session. ``--json FILE`` writes every number.
 
-Which limit paces the stream: the kernel's timing-only diagnostics, ``DIS_DIAG=1`` (the
-consumers only wait for and release every slot: no math, no merge, no stores) and
-``DIS_DIAG=2`` (the producer gathers half of every tile's rows), traced or timed beside the
-shipped build, e.g. ``--variant shipped --variant nomath:DIS_DIAG=1,trace=1 --variant
-half:DIS_DIAG=2,trace=1``. Their outputs are garbage (1 writes none), so they are printed as
-"timing only" with no error or bitwise column; a stream that speeds up with half the rows is
-the gather's, one that speeds up without the math is the consumers' (1 also drops the
-merge and the stores, so compare the producer's last issue and the loop end, not the end).
+The kernel's timing-only diagnostics (``IS_DIAG``) and its ``IS_XSPLIT`` opt-out are no
+longer in the source: ``DIS_DIAG`` / ``DIS_XSPLIT`` are refused (unless with ``src=``) with
+a pointer to ``lab/index_share_ws_switches.md``, which names the commit that has them and
+how to run that source as ``src=``.
 
 Needs an sm_90 GPU and torch (inputs and the peer). The package is patched in-process
 (its ws variant and compile hooks, the runtime's launch) only for the variants asked for.
@@ -74,13 +71,18 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from bench import _nonneg_ms  # noqa: E402
 
-#: Names of the 16 stamps per CTA (IS_TRACE in cuda/index_share_ws.cu); w1/w2 = consumer
+#: Names of the 16 stamps per CTA (WS_TRACE, lab/index_share_trace.cuh); w1/w2 = consumer
 #: warpgroup 1/2 (the second one idles, and stamps only its loop end, at <= 64 heads).
 PHASES = ("start", "index", "staged", "issued", "K0_w1", "K0_w2", "loop_w1", "loop_w2",
           "partner_w1", "partner_w2", "stored_w1", "stored_w2", "combined_w1",
           "combined_w2", "staged_w1", "staged_w2")
 STAMPS = len(PHASES)
 DEFAULT_VARIANTS = ("shipped", "shipped-trace:trace=1")
+#: The trace header: compiled in place of the package's no-op one for ``trace=1``.
+TRACE_HEADER = "index_share_trace.cuh"
+TRACE_SRC = ROOT / "lab" / TRACE_HEADER
+#: Defines of switches removed from the kernel (see lab/index_share_ws_switches.md).
+REMOVED_DEFINES = ("IS_DIAG", "IS_XSPLIT")
 
 
 @dataclass
@@ -94,12 +96,6 @@ class VariantSpec:
     src: str | None = None
     trace: bool = False
     pdl: bool = True
-
-    @property
-    def timing_only(self) -> bool:
-        """An ``IS_DIAG`` build: its output is garbage (or, with 1, not written at all), so it
-        gets no error or bitwise column."""
-        return self.defines.get("IS_DIAG", "0") not in ("", "0")
 
 
 def parse_case(text: str) -> dict[str, Any]:
@@ -136,18 +132,46 @@ def parse_variant(text: str) -> VariantSpec:
                 raise ValueError(f"variant {text!r}: {key} must be 0 or 1")
             setattr(spec, key, value == "1")
         elif key.startswith("D") and re.fullmatch(r"D[A-Za-z_][A-Za-z0-9_]*", key):
+            if key == "DIS_TRACE":
+                raise ValueError(f"variant {text!r}: trace=1, not DIS_TRACE")
             spec.defines[key[1:]] = value
         else:
             raise ValueError(f"variant {text!r}: unknown key {key!r} "
                              "(kt, cps, src, trace, pdl, D<NAME>)")
-    if spec.trace:
+    removed = sorted(set(spec.defines) & set(REMOVED_DEFINES))
+    if removed and spec.src is None:
+        raise ValueError(f"variant {text!r}: {', '.join(removed)} is no longer a switch of "
+                         "index_share_ws.cu; lab/index_share_ws_switches.md says which commit "
+                         "has it (pass that source as src=)")
+    if spec.trace:  # (read by no source: it keys the traced build apart from the shipped one)
         spec.defines["IS_TRACE"] = "1"
     return spec
 
 
+def trace_headers(trace: bool) -> dict[str, str]:
+    """The package's headers, with :data:`TRACE_SRC` as :data:`TRACE_HEADER` if ``trace``."""
+    from attnrt.ops import _common
+
+    headers = _common.headers()
+    if trace:
+        headers[TRACE_HEADER] = TRACE_SRC.read_text()
+    return headers
+
+
+def ws_build(variant: Any, src: str | None, trace: bool) -> tuple[str, str]:
+    """(module name, source text) of a ws variant: an edited copy ``src`` under its own
+    module name, or the package's source."""
+    from attnrt.ops import _common
+
+    if src is not None:
+        return f"{variant.module}_alt", Path(src).read_text()
+    return variant.module, _common.source(variant.file)
+
+
 class _Hooks:
-    """The in-process patches: extra defines and an alternative source for the ws build,
-    the trace buffer as ``part_o`` and the programmatic flag of the attention launch."""
+    """The in-process patches: extra defines, an alternative source and the trace header for
+    the ws build, the trace buffer as ``part_o`` and the programmatic flag of the attention
+    launch."""
 
     def __init__(self, rt: Any) -> None:
         from attnrt.ops import _common
@@ -192,10 +216,11 @@ class _Hooks:
             return _common.Variant(v.file, v.entries, d, v.min_arch, v.arch_suffix)
 
         def get_function(rt_: Any, variant: Any, entry: str) -> Any:
-            if self.src is None or variant.file != "index_share_ws.cu":
+            trace = str(variant.defines.get("IS_TRACE", "0")) == "1"
+            if variant.file != "index_share_ws.cu" or (self.src is None and not trace):
                 return orig_get(rt_, variant, entry)
-            return rt_.nvrtc_function(f"{variant.module}_alt", Path(self.src).read_text(),
-                                      entry, variant.options, headers=_common.headers(),
+            return rt_.nvrtc_function(*ws_build(variant, self.src, trace), entry,
+                                      variant.options, headers=trace_headers(trace),
                                       arch=f"{rt_.arch}{variant.arch_suffix}")
 
         def launch(fn: Any, grid: Any, block: Any, args: Any, shared_mem: int = 0,
@@ -407,14 +432,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             y = sets[0]["y"].clone()
             g8 = B.in_one_graph(ctx, kern, sets, None)  # the bench's in-graph row, ours only
             ms8 = g8["ms"]
-            if spec.timing_only:
-                # IS_DIAG: nothing to compare (with 1 the kernel leaves y as it was).
-                err, same, check = None, None, "timing only (IS_DIAG)"
-            else:
-                err = float(torch.linalg.vector_norm(ref - y.float())
-                            / torch.linalg.vector_norm(ref))
-                same = None if first is None else bool(torch.equal(first, y))
-                check = f"err {err:.2e}   bitwise vs first {'-' if same is None else same}"
+            err = float(torch.linalg.vector_norm(ref - y.float()) / torch.linalg.vector_norm(ref))
+            same = None if first is None else bool(torch.equal(first, y))
+            check = f"err {err:.2e}   bitwise vs first {'-' if same is None else same}"
             out.update(single_us=round(ms * 1e3, 3), graph_us=round(ms8 * 1e3, 3),
                        rel_err_vs_torch=err, bitwise_vs_first=same)
             print(f"{spec.name:20s} single {ms * 1e3:7.2f} us   {g8['calls']} in one graph "
@@ -423,7 +443,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 out.update(state=state, graph_state=g8["state"])
                 print(f"{spec.name:20s} sustained: single {B.describe_state(state)}; in one graph "
                       f"{B.describe_state(g8['state'])}", flush=True)
-            return out, (y if first is None and not spec.timing_only else first)
+            return out, (y if first is None else first)
         finally:
             hooks.trace_ptr = 0
             graphs.clear()

@@ -153,7 +153,7 @@ def test_read_floor_kernel_compiles() -> None:
         assert b"read_seq" in (c.ptx if isinstance(c.ptx, bytes) else c.ptx.encode())
 
 
-def test_trace_index_share_specs() -> None:
+def test_trace_index_share_specs(tmp_path: Path) -> None:
     """Cases and variant specs parse as documented; a bad one is refused with its reason."""
     sys.path.insert(0, str(ROOT / "lab"))
     from trace_index_share import parse_case, parse_variant
@@ -173,9 +173,16 @@ def test_trace_index_share_specs() -> None:
             parse_variant(bad)
     assert parse_variant("u:cps=1152").cps == 1152
     assert parse_variant("shipped").cps is None
-    # IS_DIAG builds are timing-only: no error or bitwise column (their output is garbage)
-    assert parse_variant("nm:DIS_DIAG=1").timing_only and parse_variant("h:DIS_DIAG=2").timing_only
-    assert not parse_variant("x:DIS_DIAG=0").timing_only and not v.timing_only
+    # Switches taken out of the kernel are refused with the note that says where they are,
+    # unless the variant builds an edited source (the old kernel from that note).
+    for removed in ("DIS_DIAG=1", "DIS_XSPLIT=0"):
+        with pytest.raises(ValueError, match="index_share_ws_switches.md"):
+            parse_variant(f"x:{removed}")
+    (tmp_path / "old.cu").write_text("// the kernel at the note's commit\n")
+    old = parse_variant(f"x:src={tmp_path / 'old.cu'},DIS_DIAG=2")
+    assert old.defines == {"IS_DIAG": "2"}
+    with pytest.raises(ValueError, match="trace=1"):
+        parse_variant("x:DIS_TRACE=1")
 
 
 @pytest.mark.slow
@@ -240,9 +247,13 @@ def _ws_bf16_hd128_builds() -> tuple[list, object, object]:
 
 @pytest.mark.slow
 def test_trace_build_compiles() -> None:
-    """The IS_TRACE builds the tool asks for compile (cluster builds, sm_90a) with their
-    wgmmas kept asynchronous and stamp %globaltimer and %clock64 (and %smid once); the shipped
-    build has none of them; the non-cluster build refuses IS_TRACE (its part_o holds the split partials)."""
+    """The traced builds the tool asks for (the kernel with lab/index_share_trace.cuh in place
+    of the package's no-op hooks) compile (cluster builds, sm_90a) with their wgmmas kept
+    asynchronous and stamp %globaltimer and %clock64 (and %smid once); the shipped build has
+    none of them; the non-cluster build refuses the trace (its part_o holds the split partials)."""
+    sys.path.insert(0, str(ROOT / "lab"))
+    from trace_index_share import trace_headers
+
     from attnrt.ops import _common
     from attnrt.runtime import compiler
     from attnrt.runtime.compiler import CompileError, compile_source
@@ -250,31 +261,25 @@ def test_trace_build_compiles() -> None:
     clusters, cluster, plain = _ws_bf16_hd128_builds()  # clusters: 128- and 64-key tiles
     src = _common.source("index_share_ws.cu")
     assert len(clusters) == 2
-    # (IS_XSPLIT: the kernel's split last P V, on in the shipped 128-key-tile cluster build;
-    # this tool A/Bs it against -DIS_XSPLIT=0.)
-    for v, extra in [*((v, []) for v in clusters), (cluster, ["-DIS_XSPLIT=0"])]:
-        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*v.options, "-DIS_TRACE=1", *extra],
-                           _common.headers())
+    for v in clusters:  # (the 128-key one with the split last P V, IS_XSPLIT)
+        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*v.options, "-DIS_TRACE=1"],
+                           trace_headers(True))
         ptx = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
         assert ptx.count("%globaltimer") >= 8
         assert ptx.count("%clock64") == ptx.count("%globaltimer")  # a cycle count per stamp
         assert ptx.count("%smid") == 1  # the CTA's SM, in one stamp's cycle word
         # A trace of a build whose wgmmas ptxas serialised (C7511) would time another kernel.
         assert not compiler.performance_loss(c.log), c.log
-    split = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, "-DIS_XSPLIT=0"],
-                           _common.headers())
-    assert not compiler.performance_loss(split.log), split.log
-    shipped = compile_source(src, "index_share_ws.cu", "sm_90a", list(cluster.options),
-                             _common.headers(), cubin=False)
-    sp = shipped.ptx.decode() if isinstance(shipped.ptx, bytes) else shipped.ptx
-    assert "%globaltimer" not in sp and "%clock64" not in sp  # compiled out when shipped
-    kt64 = next(v for v in clusters if v is not cluster)
-    with pytest.raises(CompileError, match="IS_XSPLIT"):
-        compile_source(src, "index_share_ws.cu", "sm_90a", [*kt64.options, "-DIS_XSPLIT=1"],
-                       _common.headers(), cubin=False)
+    assert trace_headers(False) == _common.headers()
+    for opts in (list(cluster.options), [*cluster.options, "-DIS_TRACE=1"]):
+        # no stamps from the package's header, whatever the defines
+        shipped = compile_source(src, "index_share_ws.cu", "sm_90a", opts, _common.headers(),
+                                 cubin=False)
+        sp = shipped.ptx.decode() if isinstance(shipped.ptx, bytes) else shipped.ptx
+        assert "%globaltimer" not in sp and "%clock64" not in sp
     with pytest.raises(CompileError, match="IS_TRACE"):
         compile_source(src, "index_share_ws.cu", "sm_90a", [*plain.options, "-DIS_TRACE=1"],
-                       _common.headers(), cubin=False)
+                       trace_headers(True), cubin=False)
 
 
 def test_cluster_merge_partials_path() -> None:
@@ -310,39 +315,6 @@ def test_cluster_merge_partials_path() -> None:
     with pytest.raises(CompileError, match="IS_CMDS"):
         compile_source(src, plain.file, "sm_90a", [*plain.options, "-DIS_CMDS=1"],
                        _common.headers(), cubin=False)
-
-
-@pytest.mark.slow
-def test_trace_diag_builds() -> None:
-    """The kernel's timing-only diagnostics the trace tool documents (IS_DIAG, cluster builds):
-    1 drops every wgmma and the merge's distributed-shared-memory stores, 2 halves the
-    producer's row copies; both compile without a ptxas advisory (with IS_TRACE too); the
-    shipped build has neither; other builds and values refuse IS_DIAG."""
-    from attnrt.ops import _common
-    from attnrt.runtime import compiler
-    from attnrt.runtime.compiler import CompileError, compile_source
-
-    _, cluster, plain = _ws_bf16_hd128_builds()
-    src = _common.source("index_share_ws.cu")
-
-    def ptx_counts(*extra: str) -> tuple[int, int, int]:
-        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, *extra],
-                           _common.headers(), cubin=False)
-        p = c.ptx.decode() if isinstance(c.ptx, bytes) else c.ptx
-        # row copies (the cluster build's carry an L2 policy), wgmmas, st.async
-        return p.count("L2::cache_hint"), p.count("wgmma.mma_async"), p.count("st.async")
-
-    rows, mmas, sends = ptx_counts()
-    assert rows > 0 and mmas > 0 and sends > 0
-    assert ptx_counts("-DIS_DIAG=1") == (rows, 0, 0)
-    assert ptx_counts("-DIS_DIAG=2") == (rows // 2, mmas, sends)
-    for extra in (["-DIS_DIAG=1", "-DIS_TRACE=1"], ["-DIS_DIAG=2", "-DIS_TRACE=1"]):
-        c = compile_source(src, "index_share_ws.cu", "sm_90a", [*cluster.options, *extra],
-                           _common.headers())
-        assert not compiler.performance_loss(c.log), c.log
-    for opts in ([*plain.options, "-DIS_DIAG=1"], [*cluster.options, "-DIS_DIAG=3"]):
-        with pytest.raises(CompileError, match="IS_DIAG"):
-            compile_source(src, "index_share_ws.cu", "sm_90a", opts, _common.headers(), cubin=False)
 
 
 def _bench_module():

@@ -13,9 +13,7 @@
 // Lazy rescaling: the softmax's reference maximum moves only when a row's maximum exceeds
 // it by more than this (log2 units), so P = 2^(logit - m) <= 2^8 and O's rescale is skipped
 // on most tiles; O and l share the reference, so O / l is the same softmax.
-#ifndef IS_LAZY_SLACK
 #define IS_LAZY_SLACK 8.f
-#endif
 
 // wgmma accumulator helpers shared by is_attn_wg and is_attn_ws. A warp's accumulator
 // fragment: o[qb][4 j + e] is row g (e < 2) or g + 8 (x = e >> 1) of the warp's 16, channel

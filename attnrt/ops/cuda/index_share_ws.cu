@@ -58,16 +58,11 @@
 // first global access.
 //
 // Defines: IS_DTYPE (1 f16, 2 bf16), IS_HD (64 or 128), IS_KT (keys per tile, 64 or 128),
-// IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER,
-// IS_XSPLIT (the split last P V, see there), IS_CMERGE (four- or eight-CTA clusters, see
-// there), and IS_TRACE (tools/trace_index_share.py only, IS_CLUSTER builds: %globaltimer
-// and %clock64 stamps at the phase boundaries, 16 of each per CTA, into the buffer passed as
-// part_o, which the cluster build does not otherwise use (none when it is null); the shipped
-// builds compile it out), and IS_DIAG (the same
-// tool only, IS_CLUSTER builds, timing-only diagnostics whose outputs are garbage: 1, the
-// consumers only wait for and release every slot, no math, no merge, no stores; 2, the producer
-// gathers only half of every tile's rows (the even passes), the rest of the slot stale; so a
-// trace tells whether the stream's pace is the gather's or the math's, docs/notes/index_share-history.md).
+// IS_NST (ring slots, 2-4), IS_PREG / IS_CREG (setmaxnreg counts), IS_Q2, IS_CLUSTER and
+// IS_CMERGE / IS_CMDS (four- or eight-CTA clusters, see there). IS_XSPLIT (the split last
+// P V, see there) follows from them. WS_TRACE / WS_TRACE_SM mark the phase boundaries that
+// lab/trace_index_share.py stamps (index_share_trace.cuh: no-ops here). Switches no shipped
+// build set (diagnostics, opt-outs): lab/index_share_ws_switches.md.
 #include "index_share_mma.cuh"
 #include "common.cuh"  // the cluster helpers (IS_CLUSTER)
 
@@ -92,97 +87,41 @@
 #ifndef IS_KT
 #define IS_KT 128
 #endif
-// IS_CMERGE = C, 4 or 8 (decode at small batches, _index_share_plan._ws_decode_split): C splits per
+// IS_CMERGE = C, 4 or 8 (decode at small batches, splitk._ws_decode_split): C splits per
 // task, one item per CTA, the task's C CTAs a cluster; each writes its split partials, and
 // after a cluster barrier each finishes 1 / C of the task's channels from the C partials in
 // L2 (is_combine's arithmetic and bits), instead of a separate is_combine launch (IS_CMDS,
-// below: through distributed shared memory instead; _index_share_builds._ws_variant sets it
-// for eight CTAs).
+// below: through distributed shared memory instead; builds._ws_variant sets it for eight
+// CTAs).
 #ifndef IS_CMERGE
 #define IS_CMERGE 0
 #endif
-#if IS_CMERGE && (IS_CLUSTER || IS_Q2 || (IS_CMERGE != 4 && IS_CMERGE != 8))
-#error "IS_CMERGE is 4 or 8 (the cluster's CTAs = splits), without IS_CLUSTER or IS_Q2"
-#endif
-// IS_CMDS (with IS_CMERGE; _index_share_builds._ws_variant sets it for eight CTAs): the
-// partials go through distributed shared memory instead of L2: once every CTA of the cluster
-// is done with its ring (a cluster barrier that the producer takes part in once its copies
-// landed), each thread stores its O values and rows' (m, L) straight from registers into the
-// ring of the CTA that finishes their channels ([split][row][HD / C] floats, then
-// [split][row] (m, L) pairs), and after a second cluster barrier each CTA merges from its
-// own shared memory (the same arithmetic, the same bits). H200 (docs/notes/index_share-history.md;
-// 21-22): 0.1-1.2 us faster per call than through L2 with eight CTAs (0.4-1.9 in one graph),
-// 0.3-1.7 us slower with four. compute-sanitizer's racecheck (2025.3) reports
-// write-after-write hazards between the ring's cp.async copies and the partners' stores; it
-// reports the same for a two-CTA kernel that orders them by cp.async.wait_group and a
-// release/acquire cluster barrier (tools/rc_cluster_probe.py), and none when the first write
-// is a plain store: a limit of the tool (benchmarks/sanitize.md).
+// IS_CMDS (with IS_CMERGE; builds._ws_variant sets it for eight CTAs): the partials go
+// through distributed shared memory instead of L2: once every CTA of the cluster is done with
+// its ring (a cluster barrier that the producer takes part in once its copies landed), each
+// thread stores its O values and rows' (m, L) straight from registers into the ring of the
+// CTA that finishes their channels ([split][row][HD / C] floats, then [split][row] (m, L)
+// pairs), and after a second cluster barrier each CTA merges from its own shared memory (the
+// same arithmetic, the same bits). H200 (docs/notes/index_share-history.md; 21-22): 0.1-1.2 us
+// faster per call than through L2 with eight CTAs (0.4-1.9 in one graph), 0.3-1.7 us slower
+// with four. compute-sanitizer's racecheck (2025.3) reports write-after-write hazards between
+// the ring's cp.async copies and the partners' stores; it reports the same for a two-CTA
+// kernel that orders them by cp.async.wait_group and a release/acquire cluster barrier
+// (lab/rc_cluster_probe.py), and none when the first write is a plain store: a limit of the
+// tool (docs/notes/sanitize.md).
 #ifndef IS_CMDS
 #define IS_CMDS 0
 #endif
-#if IS_CMDS && !IS_CMERGE
-#error "IS_CMDS is a variant of the IS_CMERGE merge"
-#endif
-#ifndef IS_TRACE
-#define IS_TRACE 0
-#endif
-#if IS_TRACE && !IS_CLUSTER
-#error "IS_TRACE stamps into part_o, which only the cluster build leaves unused"
-#endif
-#ifndef IS_DIAG
-#define IS_DIAG 0
-#endif
-#if IS_DIAG && !(IS_CLUSTER && (IS_DIAG == 1 || IS_DIAG == 2))
-#error "IS_DIAG (1: no consumer math, 2: half of every tile's rows) is for the cluster build"
-#endif
-// Phase stamp k (0-15) of this CTA: 0 start, 1 index columns landed, 2 keys staged,
-// 3 producer done issuing, 4 + w K(0) and Q landed, 6 + w loop done, 8 + w the partner's
-// half landed, 10 + w rows stored, 12 + w combined, 14 + w staged for the stores (w: the
-// consumer warpgroup; stamped by thread 0 of the producer or of warpgroup w). CTA c's
-// stamps are part_o's u64 words 32 c + k (%globaltimer, ns) and 32 c + 16 + k (%clock64, the
-// SM's cycle counter: with the first, the SM clock the CTA ran at). Stamp 1 (WS_TRACE_SM)
-// also keeps only 56 bits of its cycle count and carries the CTA's SM (%smid) in the top 8
-// (read at stamp 0 instead, it cost the XSPLIT trace build its wgmma pipelining: C7511 under
-// NVRTC 13.5).
-#if IS_TRACE
-#define WS_TRACE_(k, sm)                                                         \
-  do {                                                                           \
-    unsigned long long t_, c_;                                                   \
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t_));                     \
-    asm volatile("mov.u64 %0, %%clock64;\n" : "=l"(c_));                         \
-    if (sm) {                                                                    \
-      unsigned sm_;                                                              \
-      asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm_));                         \
-      c_ = (c_ & ((1ull << 56) - 1)) | ((unsigned long long)(sm_ & 0xFF) << 56); \
-    }                                                                            \
-    if (part_o) {                                                                \
-      unsigned long long* w_ = reinterpret_cast<unsigned long long*>(part_o) + 32 * blockIdx.x; \
-      w_[k] = t_;                                                                \
-      w_[16 + (k)] = c_;                                                         \
-    }                                                                            \
-  } while (0)
-#define WS_TRACE(k) WS_TRACE_(k, false)
-#define WS_TRACE_SM(k) WS_TRACE_(k, true)
-#else
-#define WS_TRACE(k) \
-  do {              \
-  } while (0)
-#define WS_TRACE_SM(k) WS_TRACE(k)
-#endif
+#include "index_share_trace.cuh"  // WS_TRACE, WS_TRACE_SM
 #include "index_share_acc.cuh"  // NXRT_WG_AB from IS_DTYPE, wgmma.cuh
 
-// IS_XSPLIT (on by default where it applies; docs/notes/index_share-history.md: -0.2 to -0.5 us
-// per N128 decode call on the H200, bitwise equal; -DIS_XSPLIT=0 turns it off): the cluster build
-// at HD 128 and 128-key tiles sends its partner's half of O while the last P V's other half
-// runs. For that, V's two 64-channel blocks sit swapped in rank 0's slots (the producer's
-// fill), so o[0] is the partner's half in both ranks and o[1] their own (the same code in
-// both: per-rank branches there cost ptxas registers it could not spare, C7511/C7519).
-#ifndef IS_XSPLIT
+// IS_XSPLIT (wherever it applies; docs/notes/index_share-history.md: -0.2 to -0.5 us per N128
+// decode call on the H200, bitwise equal): the cluster build at HD 128 and 128-key tiles sends
+// its partner's half of O while the last P V's other half runs. For that, V's two 64-channel
+// blocks sit swapped in rank 0's slots (the producer's fill), so o[0] is the partner's half in
+// both ranks and o[1] their own (the same code in both: per-rank branches there cost ptxas
+// registers it could not spare, C7511/C7519).
 #define IS_XSPLIT (IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
-#endif
-#if IS_XSPLIT && !(IS_CLUSTER && IS_HD == 128 && IS_KT == 128)
-#error "IS_XSPLIT is for the cluster build at IS_HD 128 and 128-key tiles"
-#endif
 
 #define IS_WS_MAXS 8  // most splits per task (the merge weights' shared memory)
 
@@ -191,6 +130,9 @@ static_assert(IS_HD == 64 || IS_HD == 128, "IS_HD must be 64 or 128");
 static_assert(IS_NST >= 2 && IS_NST <= 4, "two to four ring slots");
 static_assert(IS_KT == 64 || IS_KT == 128, "tiles of 64 or 128 keys");
 static_assert(!(IS_CLUSTER && IS_Q2), "the cluster merge is for two splits; IS_Q2 for one");
+static_assert(!IS_CMERGE || (!IS_CLUSTER && !IS_Q2 && (IS_CMERGE == 4 || IS_CMERGE == 8)),
+              "IS_CMERGE is 4 or 8 (the cluster's CTAs = splits), without IS_CLUSTER or IS_Q2");
+static_assert(!IS_CMDS || IS_CMERGE, "IS_CMDS is a variant of the IS_CMERGE merge");
 
 namespace {
 
@@ -583,9 +525,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
         for (int k = 0; k < RPT; ++k) kj[k] = keys[col0 + k * RSTEP];  // -1 padded to tiles
 #pragma unroll
         for (int k = 0; k < RPT; ++k) {
-#if IS_DIAG == 2
-          if (k & 1) continue;  // timing-only: half of the tile's rows
-#endif
           // A padded column (-1) copies zeros, addressing row 0 (of segment 1 if len0 is 0).
           const int kk = kj[k] > 0 ? kj[k] : 0;
           const is_t* src = (kk >= len0 ? p1 : p0) + (long long)kk * HD;
@@ -685,8 +624,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
     const bool hole = s_meta[slot][1] != 0;
     const int* keys = s_keys + slot * cps;
     const int ntiles = (live + KT - 1) / KT;
-    // (IS_DIAG 1, timing only: both warpgroups take the idle path below.)
-    const bool active = IS_DIAG != 1 && 64 * cw < t.nh;  // this warpgroup has heads in the item
+    const bool active = 64 * cw < t.nh;  // this warpgroup has heads in the item
     const bool pp = t.nh > 64;            // both have: ping-pong
 
     float o[HB][32];
