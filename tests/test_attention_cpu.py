@@ -41,13 +41,14 @@ from attnrt.runtime.api import (
     WorkspaceView,
 )
 from attnrt.runtime.errors import CaptureError, KernelError, WorkspaceError
+from tests._nodes import attention_node
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
 
 
 def node(**attrs) -> Node:
     attrs.setdefault("num_heads", 4)
-    return Node("Attention", "pkg.nxrt", attrs, ["q", "k", "v"], ["o"])
+    return attention_node(attrs)
 
 
 def fake_rt(sm_count: int = 132):

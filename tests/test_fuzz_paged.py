@@ -42,10 +42,21 @@ from attnrt.ops.paged_attention import schema as pa
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, Unsupported, WorkspaceError
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
+from tests._fuzz import (
+    BIG,
+    DROP,
+    OpFuzz,
+    absent,
+    attr_mutation,
+    full_path,
+    host_tests,
+    remember,
+    reshaped,
+    retyped,
+)
 from tests.test_paged_cpu import make_case, make_node
 
 BF16, F16, I32 = DataType.BFLOAT16, DataType.FLOAT16, DataType.INT32
-TYPED = (KernelError, Unsupported, ValueError)
 
 
 # --------------------------------------------------------------------------- specs
@@ -181,60 +192,9 @@ def build(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
     return SimpleNamespace(node=s.node(), inputs=ins, outputs=outs, kw=kw, use_ws=s.use_ws)
 
 
-def _absent(t: Any) -> bool:
-    return t is None or getattr(t, "absent", False)
-
-
-def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
-    stage = "create"
-    try:
-        fac = PagedAttentionFactory(rt, config=PagedAttentionConfig(**case.kw))
-        kern = fac.create(case.node, [None if _absent(t) else t.shape for t in case.inputs[:16]])
-        stage = "workspace"
-        req = kern.workspace_requirement(case.inputs)
-        ws = None
-        if req.nbytes and case.use_ws:
-            ws = WorkspaceView(rt.address(req.nbytes), req.nbytes)
-        stage = "execute"
-        kern.execute(case.inputs, case.outputs, ws)
-    except TYPED as exc:
-        return stage, exc
-    return None, None
-
-
-def claim(rt: FakeRuntime, case: SimpleNamespace) -> str | None:
-    ins = case.inputs[:16]
-    return PagedAttentionFactory(rt).unsupported_reason(
-        case.node, [None if _absent(t) else t.shape for t in ins],
-        [None if _absent(t) else t.dtype for t in ins])
-
-
-def reshaped(t: Any, shape: tuple[int, ...]) -> Any:
-    return type(t)(t.ptr, t.dtype, shape)
-
-
-def retyped(t: Any, dtype: DataType) -> Any:
-    return type(t)(t.ptr, dtype, t.shape, t.strides)
-
-
 # --------------------------------------------------------------------------- mutations
 # Each breaks one rule of a valid case and returns "claim" (the factory must decline it at
 # claim time too) or "input" (the kernel refuses it).
-_DROP = object()
-
-
-def _m_attr(name: str, values: list, kind: str = "claim", label: str = "") -> Any:
-    def f(case: SimpleNamespace, data: Any, s: Spec) -> str:
-        v = data.draw(st.sampled_from(values), label=name)
-        if v is _DROP:
-            case.node.attributes.pop(name, None)
-        else:
-            case.node.attributes[name] = v
-        return kind
-    f.__name__ = f"attr_{name}{label}"
-    return f
-
-
 def _m_v_head_size(case: SimpleNamespace, data: Any, s: Spec) -> str:
     case.node.attributes["v_head_size"] = s.hs + data.draw(st.integers(1, 64), label="extra")
     case.node.attributes["scale"] = 0.1
@@ -254,7 +214,7 @@ def _m_rope_inputs_absent(case: SimpleNamespace, data: Any, s: Spec) -> str:
                       label="absent")
     for i in (pa.IN_COS, pa.IN_SIN):
         case.inputs[i] = (TensorView.absent_slot() if i in which
-                          else case.inputs[i] if not _absent(case.inputs[i])
+                          else case.inputs[i] if not absent(case.inputs[i])
                           else TensorView(case.inputs[0].ptr, s.dtype, (8, 1)))
     return "input"
 
@@ -425,15 +385,15 @@ def _m_factory_args(case: SimpleNamespace, data: Any, s: Spec) -> str:
 
 
 MUTATIONS = [
-    _m_attr("num_heads", [0, -3, _DROP, 2.5, "8", True]),
-    _m_attr("softcap", [-1.0, math.nan, -math.inf, "x"]),
-    _m_attr("softcap", [math.inf], label="_infinite"),
-    _m_attr("softcap", [1e39, 1e300], label="_beyond_float32"),
-    _m_attr("scale", [-1.0, math.nan, math.inf, "x"]),
-    _m_attr("scale", [1e39, 1e300], label="_beyond_float32"),
-    _m_attr("local_window_size", [-2, -1000, 1.5]),
-    _m_attr("rotary_offset", [-1, -64]),
-    _m_attr("v_head_size", [-1, -512]),
+    attr_mutation("num_heads", [0, -3, DROP, 2.5, "8", True]),
+    attr_mutation("softcap", [-1.0, math.nan, -math.inf, "x"]),
+    attr_mutation("softcap", [math.inf], label="_infinite"),
+    attr_mutation("softcap", [1e39, 1e300], label="_beyond_float32"),
+    attr_mutation("scale", [-1.0, math.nan, math.inf, "x"]),
+    attr_mutation("scale", [1e39, 1e300], label="_beyond_float32"),
+    attr_mutation("local_window_size", [-2, -1000, 1.5]),
+    attr_mutation("rotary_offset", [-1, -64]),
+    attr_mutation("v_head_size", [-1, -512]),
     _m_v_head_size, _m_scale_missing, _m_rope_inputs_absent, _m_rope_too_wide, _m_node_mode,
     _m_declined_input, _m_packed_qkv, _m_required_absent, _m_required_absent_in_node,
     _m_float_dtype, _m_index_dtype,
@@ -445,10 +405,10 @@ BIG_FIELDS = ["T", "H", "hs", "nb", "bs", "mb", "B", "max_pos", "window", "rotar
 
 
 # --------------------------------------------------------------------------- issue 37 classes
-# Bad objects over the whole path (claim, create, workspace, execute): each mutation returns
-# "ok" (must run), "refuse" (must be refused) or "any"; either way a refusal is one of
-# TYPED_ALL, launches nothing and leaves every buffer's bytes as they were (the fake's hooks
-# stamp the cache and the output when the kernels "run").
+# Bad objects over the whole path (tests._fuzz.full_path: claim, create, workspace, execute):
+# each mutation returns "ok" (must run), "refuse" (must be refused) or "any"; either way a
+# refusal is one of TYPED_ALL, launches nothing and leaves every buffer's bytes as they were
+# (the fake's hooks stamp the cache and the output when the kernels "run").
 TYPED_ALL = (KernelError, Unsupported, TypeError, ValueError, WorkspaceError)
 STAMP = np.full(8, 0x5A, np.uint8)
 WORDS = [None, "absent", "meta", "shape", "array", 7, "x"]
@@ -462,45 +422,25 @@ def _hooks(rt: FakeRuntime) -> None:
     rt.on_launch["paged_mla_combine"] = lambda a: rt.write(int(a[2]), STAMP)
 
 
-def _bytes(rt: FakeRuntime, case: SimpleNamespace) -> list[Any]:
-    views = [t for t in list(case.base_inputs) + list(case.base_outputs)
-             if isinstance(t, TensorView) and not t.absent]
-    return [None if (b := rt.read(t.ptr, min(t.nbytes, 4096))) is None else bytes(b) for t in views]
-
-
-def run_full(rt: FakeRuntime, case: SimpleNamespace) -> BaseException | None:
-    """The executor's sequence; a typed refusal is returned, anything else propagates."""
-    try:
-        fac = PagedAttentionFactory(rt, config=PagedAttentionConfig(**case.kw))
-        case.reason = fac.unsupported_reason(case.node, case.shapes, case.dtypes)
-        kern = fac.create(case.node, case.shapes)
-        req = kern.workspace_requirement(case.inputs)
-        ws = case.ws(req) if case.ws else (
-            WorkspaceView(rt.address(req.nbytes), req.nbytes) if req.nbytes and case.use_ws else None)
-        kern.execute(case.inputs, case.outputs, ws)
-    except TYPED_ALL as exc:
-        return exc
-    return None
-
-
 def _case37(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
     case = build(rt, s)
-    present = [t for t in case.inputs[:16]]
-    case.shapes = [None if _absent(t) else t.shape for t in present]
-    case.dtypes = [None if _absent(t) else t.dtype for t in present]
-    case.base_inputs, case.base_outputs = list(case.inputs), list(case.outputs)
-    case.ws, case.reason = None, None
+    remember(PAGED, case, cap=4096)
     return case
 
 
+def run_full(rt: FakeRuntime, case: SimpleNamespace) -> BaseException | None:
+    """The executor's sequence (tests._fuzz.full_path); a typed refusal is returned."""
+    return full_path(PAGED, rt, case, typed=TYPED_ALL)[1]
+
+
 def _present(case: SimpleNamespace, data: Any, outputs: bool = False) -> int:
-    idx = [i for i, t in enumerate(case.inputs[:16]) if not _absent(t)]
+    idx = [i for i, t in enumerate(case.inputs[:16]) if not absent(t)]
     return data.draw(st.sampled_from(idx + ([-1] if outputs else [])), label="slot")
 
 
 def _c1_numpy_dims(case: SimpleNamespace, data: Any, s: Spec) -> str:
     ints = data.draw(st.sampled_from([np.int32, np.int64, np.uint32, np.uint64, np.intp]), label="np")
-    case.inputs = [t if _absent(t) or not isinstance(t, TensorView)
+    case.inputs = [t if absent(t) or not isinstance(t, TensorView)
                    else type(t)(t.ptr, t.dtype, tuple(ints(d) for d in t.shape)) for t in case.inputs]
     case.shapes = [None if x is None else tuple(ints(d) for d in x) for x in case.shapes]
     return "ok"
@@ -554,7 +494,7 @@ def _c3_overlap(case: SimpleNamespace, data: Any, s: Spec) -> str:
         return "refuse"
     if kind == "input_on_cache":
         i = data.draw(st.sampled_from([j for j, t in enumerate(case.inputs[:16])
-                                       if not _absent(t) and j != pa.IN_KEY_CACHE]), label="in")
+                                       if not absent(t) and j != pa.IN_KEY_CACHE]), label="in")
         t = case.inputs[i]
         assume(t.numel > 0)
         case.inputs[i] = type(t)(kc.ptr, t.dtype, t.shape)
@@ -705,12 +645,9 @@ def _kernel_verdict(c: SimpleNamespace) -> BaseException | None:
              for x in c.inputs]
     out = TensorMut(rt.put(np.zeros((c.T, c.H * c.vhs), c.inputs[0].dtype if c.inputs else np.float16)),
                     c.dtype, (c.T, c.H * c.vhs))
-    case = SimpleNamespace(node=c.node, kw={}, shapes=[None if v is None else v.shape for v in views[:16]],
-                           dtypes=[None if v is None else v.dtype for v in views[:16]], inputs=views,
-                           outputs=[out], ws=None, use_ws=True)
-    err = run_full(rt, case)
-    assert err is None or rt.launch_count == 0, f"launched {rt.names()} before {err!r}"
-    return err
+    case = SimpleNamespace(node=c.node, kw={}, inputs=views, outputs=[out], use_ws=True)
+    remember(PAGED, case, cap=4096)
+    return run_full(rt, case)  # a refusal launched nothing
 
 
 def _reference_verdict(c: SimpleNamespace) -> BaseException | None:
@@ -723,114 +660,13 @@ def _reference_verdict(c: SimpleNamespace) -> BaseException | None:
     return None
 
 
-# --------------------------------------------------------------------------- CPU properties
-class TestHost:
-    """No GPU: the fake runtime records launches and refuses illegal ones."""
-
-    @CPU_SETTINGS
-    @given(s=specs())
-    def test_valid_cases_are_claimed_and_launch_legally(self, s: Spec) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        assert claim(rt, case) is None
-        stage, err = attempt(rt, case)
-        assert err is None, f"valid case refused at {stage}: {err}"
-        names = rt.names()
-        if s.T == 0:
-            assert names == []
-        else:
-            assert names[0].startswith("paged_write_"), names
-            assert any(case.outputs[0].ptr in x.args for x in rt.launches[1:])
-        assert rt.memory_stats().live_bytes == 0
-
-    @pytest.mark.parametrize("mutate", MUTATIONS, ids=lambda m: m.__name__)
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_invalid_cases_are_refused_before_any_launch(self, mutate: Any, s: Spec, data: Any) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        kind = mutate(case, data, s)
-        stage, err = attempt(rt, case)
-        assert err is not None, f"{mutate.__name__}: accepted ({rt.names()})"
-        assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before: {err}"
-        assert rt.memory_stats().live_bytes == 0
-        if kind == "claim":
-            assert claim(rt, case) is not None, f"{mutate.__name__}: claimed despite {err}"
-
-    @pytest.mark.parametrize("field", BIG_FIELDS)
-    @settings(CPU_SETTINGS, max_examples=40)
-    @given(data=st.data())
-    def test_oversized_dims_are_refused_before_launch_or_launch_legally(self, field: str,
-                                                                        data: Any) -> None:
-        case, inputs_only = data.draw(big_cases(field))
-        rt = FakeRuntime()
-        ins = [TensorView.absent_slot() if shp is None else
-               rt.view(shp, I32 if i in INDEX_INPUTS else case.dtype)
-               for i, shp in enumerate(case.shapes)] + [None]
-        out = rt.view(case.out_shape, case.dtype, mut=True)
-        c = SimpleNamespace(node=case.node, inputs=ins, outputs=[out], kw={"path": case.path},
-                            use_ws=True)
-        stage, err = attempt(rt, c)
-        if err is not None:
-            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
-            if inputs_only:
-                assert stage in ("create", "workspace"), (
-                    f"only execute refused it ({err}); workspace_requirement planned it")
-
-    @pytest.mark.parametrize("mutate", CLASSES, ids=lambda m: m.__name__)
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_issue37_classes_are_typed_refusals_that_change_nothing(self, mutate: Any, s: Spec,
-                                                                     data: Any) -> None:
-        rt = FakeRuntime()
-        _hooks(rt)
-        case = _case37(rt, s)
-        verdict = mutate(case, data, s)
-        before = _bytes(rt, case)
-        err = run_full(rt, case)
-        if err is None:
-            assert verdict != "refuse", f"{mutate.__name__}: accepted ({rt.names()})"
-            name, v = getattr(case, "float_attr", (None, None))
-            reads = [x for x in rt.launches if "simple" in x.name or "fwd" in x.name]
-            if name and reads:  # the kernels get the attribute's float32 value
-                at = (-2 if "simple" in reads[0].name else -3) - (name == "scale")
-                assert reads[0].args[at] == np.float32(v), (name, v, reads[0].args[at])
-        else:
-            assert verdict != "ok", f"{mutate.__name__}: refused a valid call: {err!r}"
-            assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before {err!r}"
-            assert _bytes(rt, case) == before, f"{mutate.__name__}: a buffer changed before {err!r}"
-        assert rt.memory_stats().live_bytes == 0
-
-    @settings(CPU_SETTINGS, max_examples=30)
-    @given(s=specs(), data=st.data())
-    def test_numpy_integer_dims_launch_what_python_ints_launch(self, s: Spec, data: Any) -> None:
-        records = []
-        for numpy_dims in (False, True):
-            rt = FakeRuntime()  # fresh: the same addresses in the same order
-            case = _case37(rt, s)
-            if numpy_dims:
-                _c1_numpy_dims(case, data, s)
-            assert run_full(rt, case) is None
-            records.append([(x.name, x.grid, x.block, x.shared_mem, [repr(a) for a in x.args])
-                            for x in rt.launches])
-        assert records[0] == records[1]
-
-    @settings(CPU_SETTINGS, max_examples=60)
-    @given(c=host_cases(), data=st.data())
-    def test_reference_refuses_exactly_what_the_kernel_refuses(self, c: SimpleNamespace,
-                                                               data: Any) -> None:
-        _host_mutation(c, data)
-        kern, ref = _kernel_verdict(c), _reference_verdict(c)
-        assert type(kern) is type(ref), f"kernel {kern!r} but reference {ref!r}"
-
-
-BIG = [65535, 65536, 2**31 - 1, 2**31, 2**31 + 5, 2**32 + 3]
+# --------------------------------------------------------------------------- oversized cases
 BIG_POW2 = [2**16, 2**30, 2**31, 2**32]
 
 
 @st.composite
-def big_cases(draw: Any, field: str) -> tuple[SimpleNamespace, bool]:
-    """Minimal shapes with one dim (or attribute) oversized; (case, refusal decided by inputs)."""
+def big_cases(draw: Any, field: str) -> SimpleNamespace:
+    """Minimal shapes with one dim (or attribute) oversized (the inputs alone decide a refusal)."""
     d = dict(T=1, H=1, hs=draw(st.sampled_from([8, 576])), nb=1, bs=16, mb=1, B=1, max_pos=4)
     attrs: dict[str, Any] = {}
     if field in ("window", "rotary_offset"):
@@ -861,7 +697,79 @@ def big_cases(draw: Any, field: str) -> tuple[SimpleNamespace, bool]:
                      window=attrs.get("local_window_size", -1))
     path = draw(st.sampled_from(["auto", "simple"]))
     return SimpleNamespace(node=node, shapes=shapes, dtype=dtype, out_shape=(T, H * vhs),
-                           path=path), True
+                           path=path)
+
+
+def _build_big(rt: FakeRuntime, big: SimpleNamespace) -> SimpleNamespace:
+    ins = [TensorView.absent_slot() if shp is None else
+           rt.view(shp, I32 if i in INDEX_INPUTS else big.dtype)
+           for i, shp in enumerate(big.shapes)] + [None]
+    out = rt.view(big.out_shape, big.dtype, mut=True)
+    return SimpleNamespace(node=big.node, inputs=ins, outputs=[out], kw={"path": big.path},
+                           use_ws=True)
+
+
+def _check_valid(rt: FakeRuntime, case: SimpleNamespace, s: Spec) -> None:
+    names = rt.names()
+    if s.T == 0:
+        assert names == []
+    else:
+        assert names[0].startswith("paged_write_"), names
+        assert any(case.outputs[0].ptr in x.args for x in rt.launches[1:])
+
+
+PAGED = OpFuzz(
+    factory=PagedAttentionFactory, config=PagedAttentionConfig, specs=specs, build=build,
+    check_valid=_check_valid, mutations=MUTATIONS, big_fields=BIG_FIELDS, big_specs=big_cases,
+    build_big=_build_big, claim_slots=16, workspace_from_metas=False)
+
+
+# --------------------------------------------------------------------------- CPU properties
+class TestHost(host_tests(PAGED)):
+    """No GPU: the shared properties (tests._fuzz), then the bad-object classes of issue 37."""
+
+    @pytest.mark.parametrize("mutate", CLASSES, ids=lambda m: m.__name__)
+    @PER_MUTATION
+    @given(s=specs(), data=st.data())
+    def test_issue37_classes_are_typed_refusals_that_change_nothing(self, mutate: Any, s: Spec,
+                                                                     data: Any) -> None:
+        rt = FakeRuntime()
+        _hooks(rt)
+        case = _case37(rt, s)
+        verdict = mutate(case, data, s)
+        err = run_full(rt, case)  # a refusal launched nothing and changed no byte
+        if err is None:
+            assert verdict != "refuse", f"{mutate.__name__}: accepted ({rt.names()})"
+            name, v = getattr(case, "float_attr", (None, None))
+            reads = [x for x in rt.launches if "simple" in x.name or "fwd" in x.name]
+            if name and reads:  # the kernels get the attribute's float32 value
+                at = (-2 if "simple" in reads[0].name else -3) - (name == "scale")
+                assert reads[0].args[at] == np.float32(v), (name, v, reads[0].args[at])
+        else:
+            assert verdict != "ok", f"{mutate.__name__}: refused a valid call: {err!r}"
+        assert rt.memory_stats().live_bytes == 0
+
+    @settings(CPU_SETTINGS, max_examples=30)
+    @given(s=specs(), data=st.data())
+    def test_numpy_integer_dims_launch_what_python_ints_launch(self, s: Spec, data: Any) -> None:
+        records = []
+        for numpy_dims in (False, True):
+            rt = FakeRuntime()  # fresh: the same addresses in the same order
+            case = _case37(rt, s)
+            if numpy_dims:
+                _c1_numpy_dims(case, data, s)
+            assert run_full(rt, case) is None
+            records.append([(x.name, x.grid, x.block, x.shared_mem, [repr(a) for a in x.args])
+                            for x in rt.launches])
+        assert records[0] == records[1]
+
+    @settings(CPU_SETTINGS, max_examples=60)
+    @given(c=host_cases(), data=st.data())
+    def test_reference_refuses_exactly_what_the_kernel_refuses(self, c: SimpleNamespace,
+                                                               data: Any) -> None:
+        _host_mutation(c, data)
+        kern, ref = _kernel_verdict(c), _reference_verdict(c)
+        assert type(kern) is type(ref), f"kernel {kern!r} but reference {ref!r}"
 
 
 # --------------------------------------------------------------------------- GPU half
@@ -901,7 +809,7 @@ class TestDevice:
             outs = [out.mut()] + ([bufs[pa.IN_KEY_CACHE].mut()] if s.cache_out else [])
             cfg = PagedAttentionConfig(path=s.path, num_splits=s.num_splits)
             kern = PagedAttentionFactory(rt, config=cfg).create(
-                node, [v.shape if not _absent(v) else None for v in views[:16]])
+                node, [v.shape if not absent(v) else None for v in views[:16]])
             req = kern.workspace_requirement(views)
             ws = None
             if req.nbytes and s.use_ws:
