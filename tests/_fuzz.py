@@ -13,10 +13,11 @@ becomes fake views, its mutations, its oversized cases, its factory) and subclas
   launch, by ``create`` or ``workspace_requirement`` (never only by ``execute``), or run with
   legal launches; never an ``OverflowError``.
 
-The bad-object classes of issue 37 run the executor's whole sequence through
-:func:`full_path` (claim, create, workspace, execute on a poisoned workspace): a typed error
-or success, never another exception, and a refusal launches nothing and leaves every backed
-buffer's bytes (inputs, outputs, workspace) as they were.
+- the bad-object classes of issue 37 (``OpFuzz.classes``) run the executor's whole sequence
+  through :func:`full_path` (claim, create, workspace, execute on a poisoned workspace): a
+  typed error or success as the class predicts, never another exception, and a refusal
+  launches nothing and leaves every backed buffer's bytes (inputs, outputs, workspace) as
+  they were.
 """
 
 from __future__ import annotations
@@ -86,6 +87,12 @@ class OpFuzz:
     A case (``build(rt, spec)``) is a namespace with ``node``, ``inputs``, ``outputs``, ``kw``
     (the config's keyword arguments) and ``use_ws``; mutations take ``(case, data, spec)``,
     edit the case and return their kind (``"claim"``: declined at claim time too).
+
+    The issue-37 classes take the same arguments (on a case from ``case37``) and return what
+    the whole path must do, a set of: ``"ok"`` (it runs), ``"refuse"`` (a typed error),
+    ``"type"`` (the error is a ``TypeError``; checked when ``exact_type_errors``),
+    ``"claim"`` (the default factory declines; checked when ``claim_verdicts``); neither
+    "ok" nor "refuse": either is fine.
     """
 
     factory: Callable[..., Any]  # FooFactory(rt, config=...)
@@ -102,6 +109,13 @@ class OpFuzz:
     closes: bool = False  # kernels hold a pool that close() returns
     typed: tuple[type[BaseException], ...] = TYPED
     kind_errors: Mapping[str, type[BaseException]] = field(default_factory=dict)
+    classes: Sequence[Callable[..., set[str]]] = ()  # issue 37
+    case37: Callable[[FakeRuntime, Any], SimpleNamespace] | None = None  # build + remember
+    check37: Callable[[FakeRuntime, SimpleNamespace, Any, BaseException | None], None] | None = None
+    typed37: tuple[type[BaseException], ...] = (*TYPED, TypeError)
+    create_with_shapes: bool = True  # full_path passes case.shapes to create
+    claim_verdicts: bool = False
+    exact_type_errors: bool = False
 
     def claimed(self, views: Any) -> list[Any]:
         return list(views)[:self.claim_slots] if self.claim_slots is not None else list(views)
@@ -264,5 +278,29 @@ def host_tests(op: OpFuzz) -> type:
                 assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
                 assert stage in ("create", "workspace"), (
                     f"only execute refused it ({err}); workspace_requirement planned it")
+
+        @pytest.mark.parametrize("cls", op.classes, ids=lambda m: m.__name__.lstrip("_"))
+        @PER_MUTATION
+        @given(s=op.specs(), data=st.data())
+        def test_issue37_class_gives_typed_error_or_success(self, cls: Any, s: Any, data: Any) -> None:
+            rt = FakeRuntime()
+            case = op.case37(rt, s)
+            want = cls(case, data, s)
+            if op.claim_verdicts:
+                reason = op.factory(rt).unsupported_reason(case.node, case.shapes, case.dtypes)
+                assert (reason is not None) == ("claim" in want), reason
+            stage, err = full_path(op, rt, case, typed=op.typed37, create_shapes=op.create_with_shapes)
+            if "ok" in want:
+                assert err is None, f"refused at {stage}: {type(err).__name__}: {err}"
+            if "refuse" in want:
+                assert err is not None, f"accepted ({rt.names()})"
+            if err is not None and op.exact_type_errors:
+                assert isinstance(err, TypeError) == ("type" in want), f"{type(err).__name__}: {err}"
+            assert rt.memory_stats().live_bytes == 0
+            if op.check37 is not None:
+                op.check37(rt, case, s, err)
+
+        if not op.classes:
+            del test_issue37_class_gives_typed_error_or_success
 
     return HostTests

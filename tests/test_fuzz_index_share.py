@@ -47,15 +47,13 @@ from attnrt.ops.index_share import (
 )
 from attnrt.ops.index_share.schema import _max_head_size
 from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
-from tests._fakes import GPU_SETTINGS, PER_MUTATION, FakeRuntime
+from tests._fakes import GPU_SETTINGS, FakeRuntime
 from tests._fuzz import (
     BIG,
     DROP,
-    TYPED,
     OpFuzz,
     absent,
     attr_mutation,
-    full_path,
     host_tests,
     remember,
     reshaped,
@@ -475,20 +473,10 @@ def _check_valid(rt: FakeRuntime, case: SimpleNamespace, s: Spec) -> None:
     # (live bytes back to zero: close() returned the pool)
 
 
-INDEX_SHARE = OpFuzz(
-    factory=IndexShareFactory, config=IndexShareConfig, specs=specs, build=build,
-    check_valid=_check_valid, mutations=MUTATIONS, big_fields=BIG_FIELDS, big_specs=big_specs,
-    closes=True, kind_errors={"indices": SelectedIndicesError})
-
-
-class TestHost(host_tests(INDEX_SHARE)):
-    """No GPU: the shared properties (tests._fuzz) for IndexShare."""
-
-
 # --------------------------------------------------------------------------- issue 37 classes
-# Each class mutation edits a valid case and returns what the full path must do: "ok"
-# (run), "typed" (a KernelError/Unsupported/ValueError), "type" (a TypeError), and whether
-# the claim must decline ("claim").
+# Each class mutation edits a valid case and returns what the full path must do (a set, see
+# tests._fuzz.OpFuzz): "ok" (run), "refuse" (a KernelError/Unsupported/ValueError/TypeError),
+# "type" (a TypeError), and whether the claim must decline ("claim").
 _NP_INTS = (np.int64, np.int32, np.uint32, np.int16)
 
 
@@ -521,13 +509,13 @@ def _c_strides(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     if data.draw(st.booleans(), label="top"):  # bytes running past the top of the address space
         short = data.draw(st.sampled_from([1, t.nbytes // 2, t.nbytes - 1]), label="short")
         group[i] = type(t)(2**64 - short, t.dtype, t.shape)  # needs t.nbytes bytes
-        return {"typed"}
+        return {"refuse"}
     axes = [a for a, d in enumerate(t.shape) if d > 1]
     a = data.draw(st.sampled_from(axes), label="axis")
     st_ = list(t.element_strides)
     st_[a] = data.draw(st.sampled_from([2**61, 2**62, 2**63 - 1, 2**63, 2**64, -(2**62)]), label="stride")
     group[i] = type(t)(t.ptr, t.dtype, t.shape, tuple(st_))
-    return {"typed"}
+    return {"refuse"}
 
 
 def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -541,7 +529,7 @@ def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
         st_ = list(o.element_strides)
         st_[data.draw(st.sampled_from(axes), label="axis")] = 0
         case.outputs[j] = TensorMut(o.ptr, o.dtype, o.shape, tuple(st_))
-        return {"typed"}
+        return {"refuse"}
     group = case.inputs if kind == "input" else [t for n, t in enumerate(case.outputs) if n != j]
     cands = [t for t in group if not absent(t) and t.numel > 0]
     assume(cands)
@@ -551,7 +539,7 @@ def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     case.outputs[j] = TensorMut(t.ptr + off, o.dtype, o.shape)
     exact_alias = (s.mode == "capacity" and j in (1, 2) and off == 0 and kind == "input"
                    and t is case.inputs[j + 2])
-    return {"ok"} if exact_alias else {"typed"}
+    return {"ok"} if exact_alias else {"refuse"}
 
 
 def _c_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -566,20 +554,20 @@ def _c_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     junk = data.draw(st.sampled_from(["meta", "str", "tuple", "int", "ndarray"]), label="junk")
     if kind == "attrs":
         case.node.attributes = data.draw(st.sampled_from([None, [("num_heads", s.N)], (1, 2)]))
-        return {"type", "claim"}
+        return {"refuse", "type", "claim"}
     if kind == "raw_meta":
         case.metas = [None if absent(t) else t.shape for t in case.inputs]
-        return {"type"}
+        return {"refuse", "type"}
     if kind == "no_y":
         case.outputs = data.draw(st.sampled_from([[None], [], [None, None, None]]), label="outs")
-        return {"typed"}
+        return {"refuse"}
     group = case.inputs if kind == "input" else case.outputs
     i = data.draw(st.integers(0, len(group) - 1), label="slot")
     t = group[i]
     meta = t.meta if not absent(t) else TensorMetadata(s.dtype, (1,))
     group[i] = {"meta": meta, "str": "q", "tuple": tuple(meta.shape), "int": 12345,
                 "ndarray": np.zeros(3)}[junk]
-    return {"type"}
+    return {"refuse", "type"}
 
 
 def _c_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -605,9 +593,9 @@ def _c_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
             case.inputs = case.inputs + [case.inputs[0]] * data.draw(st.integers(1, 2))
         else:
             case.outputs = (case.outputs + [case.outputs[0]] * 3)[:4 + data.draw(st.integers(0, 1))]
-        return {"typed"}
+        return {"refuse"}
     case.reference_too = True
-    return {"typed", "claim"}
+    return {"refuse", "claim"}
 
 
 def _c_scale(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -619,47 +607,45 @@ def _c_scale(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     f32 = float(np.float32(v)) if math.isfinite(v) and abs(v) < 3.5e38 else math.inf
     ok = math.isfinite(f32) and f32 > 0 and 1e-30 <= f32 * math.log2(math.e) <= 1e38
     case.scale32 = f32 if ok else None
-    return {"ok"} if ok else {"typed", "claim"}
+    return {"ok"} if ok else {"refuse", "claim"}
 
 
 CLASSES = [_c_dims, _c_strides, _c_overlap, _c_objects, _c_node, _c_scale]
 
 
-class TestIssue37:
-    """The bad-input classes over the full path, on the fake runtime."""
+def _case37(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
+    case = build(rt, s)
+    for o in case.outputs:  # distinct bytes, so that a copy into an output shows
+        if not (s.alias and o.ptr in (case.inputs[3].ptr, case.inputs[4].ptr)):
+            rt.write(o.ptr, np.full(o.nbytes, 0xCD, np.uint8))
+    remember(INDEX_SHARE, case)
+    case.reference_too, case.scale32 = False, None
+    return case
 
-    @pytest.mark.parametrize("cls", CLASSES, ids=lambda m: m.__name__[3:])
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_class_gives_typed_error_or_success(self, cls: Any, s: Spec, data: Any) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        for o in case.outputs:  # distinct bytes, so that a copy into an output shows
-            if not (s.alias and o.ptr in (case.inputs[3].ptr, case.inputs[4].ptr)):
-                rt.write(o.ptr, np.full(o.nbytes, 0xCD, np.uint8))
-        remember(INDEX_SHARE, case)
-        case.reference_too, case.scale32 = False, None
-        want = cls(case, data, s)
-        reason = IndexShareFactory(rt).unsupported_reason(case.node, case.shapes, case.dtypes)
-        assert (reason is not None) == ("claim" in want), reason
-        stage, err = full_path(INDEX_SHARE, rt, case, typed=(*TYPED, TypeError), create_shapes=False)
-        if "ok" in want:
-            assert err is None, f"refused at {stage}: {type(err).__name__}: {err}"
-        else:
-            assert err is not None, f"accepted ({rt.names()})"
-            assert isinstance(err, TypeError) == ("type" in want), f"{type(err).__name__}: {err}"
-            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
-        assert rt.memory_stats().live_bytes == 0
-        if case.scale32 is not None:  # one float32 value for the kernel and the reference
-            assert parse_attributes(case.node).scale == case.scale32
-            f = [a for x in rt.launches if x.name.startswith("is_attn_") for a in x.args
-                 if isinstance(a, np.float32)]
-            assert set(f) <= {np.float32(case.scale32 * math.log2(math.e))}, f
-        if case.reference_too and err is not None:  # the reference refuses as the kernel does
-            host, _ = make_data(s, np.random.default_rng(s.seed), full=True)
-            with pytest.raises(type(err)) as got:
-                reference.index_share(case.node, host, present=s.mode)
-            assert str(got.value) == str(err)
+
+def _check37(rt: FakeRuntime, case: SimpleNamespace, s: Spec, err: BaseException | None) -> None:
+    if case.scale32 is not None:  # one float32 value for the kernel and the reference
+        assert parse_attributes(case.node).scale == case.scale32
+        f = [a for x in rt.launches if x.name.startswith("is_attn_") for a in x.args
+             if isinstance(a, np.float32)]
+        assert set(f) <= {np.float32(case.scale32 * math.log2(math.e))}, f
+    if case.reference_too and err is not None:  # the reference refuses as the kernel does
+        host, _ = make_data(s, np.random.default_rng(s.seed), full=True)
+        with pytest.raises(type(err)) as got:
+            reference.index_share(case.node, host, present=s.mode)
+        assert str(got.value) == str(err)
+
+
+INDEX_SHARE = OpFuzz(
+    factory=IndexShareFactory, config=IndexShareConfig, specs=specs, build=build,
+    check_valid=_check_valid, mutations=MUTATIONS, big_fields=BIG_FIELDS, big_specs=big_specs,
+    closes=True, kind_errors={"indices": SelectedIndicesError},
+    classes=CLASSES, case37=_case37, check37=_check37, create_with_shapes=False,
+    claim_verdicts=True, exact_type_errors=True)
+
+
+class TestHost(host_tests(INDEX_SHARE)):
+    """No GPU: the shared properties and the issue-37 classes (tests._fuzz) for IndexShare."""
 
 
 # --------------------------------------------------------------------------- GPU half

@@ -41,7 +41,7 @@ from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFacto
 from attnrt.ops.paged_attention import schema as pa
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, Unsupported, WorkspaceError
-from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
+from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, FakeRuntime
 from tests._fuzz import (
     BIG,
     DROP,
@@ -406,8 +406,8 @@ BIG_FIELDS = ["T", "H", "hs", "nb", "bs", "mb", "B", "max_pos", "window", "rotar
 
 # --------------------------------------------------------------------------- issue 37 classes
 # Bad objects over the whole path (tests._fuzz.full_path: claim, create, workspace, execute):
-# each mutation returns "ok" (must run), "refuse" (must be refused) or "any"; either way a
-# refusal is one of TYPED_ALL, launches nothing and leaves every buffer's bytes as they were
+# each mutation returns {"ok"} (must run), {"refuse"} (must be refused) or an empty set (either);
+# a refusal is one of TYPED_ALL, launches nothing and leaves every buffer's bytes as they were
 # (the fake's hooks stamp the cache and the output when the kernels "run").
 TYPED_ALL = (KernelError, Unsupported, TypeError, ValueError, WorkspaceError)
 STAMP = np.full(8, 0x5A, np.uint8)
@@ -423,9 +423,18 @@ def _hooks(rt: FakeRuntime) -> None:
 
 
 def _case37(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
+    _hooks(rt)
     case = build(rt, s)
     remember(PAGED, case, cap=4096)
     return case
+
+
+def _check37(rt: FakeRuntime, case: SimpleNamespace, s: Spec, err: BaseException | None) -> None:
+    name, v = getattr(case, "float_attr", (None, None))
+    reads = [x for x in rt.launches if "simple" in x.name or "fwd" in x.name]
+    if err is None and name and reads:  # the kernels get the attribute's float32 value
+        at = (-2 if "simple" in reads[0].name else -3) - (name == "scale")
+        assert reads[0].args[at] == np.float32(v), (name, v, reads[0].args[at])
 
 
 def run_full(rt: FakeRuntime, case: SimpleNamespace) -> BaseException | None:
@@ -438,25 +447,25 @@ def _present(case: SimpleNamespace, data: Any, outputs: bool = False) -> int:
     return data.draw(st.sampled_from(idx + ([-1] if outputs else [])), label="slot")
 
 
-def _c1_numpy_dims(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c1_numpy_dims(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     ints = data.draw(st.sampled_from([np.int32, np.int64, np.uint32, np.uint64, np.intp]), label="np")
     case.inputs = [t if absent(t) or not isinstance(t, TensorView)
                    else type(t)(t.ptr, t.dtype, tuple(ints(d) for d in t.shape)) for t in case.inputs]
     case.shapes = [None if x is None else tuple(ints(d) for d in x) for x in case.shapes]
-    return "ok"
+    return {"ok"}
 
 
-def _c1_float_claim_dim(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c1_float_claim_dim(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     i = _present(case, data)
     bad = data.draw(st.sampled_from([2.5, 1.0, True, None, "3", -1]), label="dim")
     shp = list(case.shapes[i])
     assume(shp)
     shp[data.draw(st.integers(0, len(shp) - 1), label="axis")] = bad
     case.shapes[i] = tuple(shp)
-    return "refuse"
+    return {"refuse"}
 
 
-def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     i = _present(case, data, outputs=True)
     t = case.outputs[0] if i < 0 else case.inputs[i]
     assume(t.rank >= 1 and t.numel > 0)
@@ -464,7 +473,7 @@ def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
     if kind == "top":
         gap = data.draw(st.integers(1, 8), label="gap")
         assume(t.nbytes > gap)  # bytes past 2**64 (a fitting pointer would be foreign to the fake)
-        bad, verdict = type(t)(2**64 - gap, t.dtype, t.shape), "refuse"
+        bad, verdict = type(t)(2**64 - gap, t.dtype, t.shape), {"refuse"}
     else:
         axis = data.draw(st.integers(0, t.rank - 1), label="axis")
         big = data.draw(st.sampled_from([2**61, 2**62, 2**63, 2**64, -(2**63)] if kind == "stride"
@@ -474,7 +483,7 @@ def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
         bad = type(t)(t.ptr, t.dtype, t.shape, tuple(strides))
         # Past the pointer width, or non-contiguous; a size-1 axis may carry a large stride.
         past = abs(big) * t.dtype.itemsize >= 2**63 or t.shape[axis] > 1
-        verdict = "refuse" if kind == "stride" and past else "any"
+        verdict = {"refuse"} if kind == "stride" and past else set()
     if i < 0:
         case.outputs[0] = bad
     else:
@@ -482,7 +491,7 @@ def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
     return verdict
 
 
-def _c3_overlap(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c3_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     kc, out = case.inputs[pa.IN_KEY_CACHE], case.outputs[0]
     kind = data.draw(st.sampled_from(["out_on_input", "input_on_cache", "cache_out", "ws_on_out"]),
                      label="kind")
@@ -491,41 +500,41 @@ def _c3_overlap(case: SimpleNamespace, data: Any, s: Spec) -> str:
         assume(t.nbytes > 2 and out.numel > 0)
         off = 2 * data.draw(st.integers(0, t.nbytes // 2 - 1), label="off")
         case.outputs[0] = TensorMut(t.ptr + off, out.dtype, out.shape)
-        return "refuse"
+        return {"refuse"}
     if kind == "input_on_cache":
         i = data.draw(st.sampled_from([j for j, t in enumerate(case.inputs[:16])
                                        if not absent(t) and j != pa.IN_KEY_CACHE]), label="in")
         t = case.inputs[i]
         assume(t.numel > 0)
         case.inputs[i] = type(t)(kc.ptr, t.dtype, t.shape)
-        return "refuse"
+        return {"refuse"}
     if kind == "cache_out":
         how = data.draw(st.sampled_from(["same", "zero", "offset", "transposed"]), label="how")
         strides = {"zero": (0, 0, 0, 0), "transposed": kc.element_strides[::-1]}.get(how)
         ptr = kc.ptr + (kc.dtype.itemsize if how == "offset" else 0)
         case.outputs = [out, TensorMut(ptr, kc.dtype, kc.shape, strides)]
-        return "ok" if how == "same" else "refuse"
+        return {"ok"} if how == "same" else {"refuse"}
     case.ws = lambda req: WorkspaceView(out.ptr // 256 * 256, req.nbytes)
-    return "any"
+    return set()
 
 
-def _c4_objects(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c4_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     where = data.draw(st.sampled_from(["input", "container", "output", "workspace"]), label="where")
     t0 = case.inputs[pa.IN_QUERY]
     if where == "container":
         how = data.draw(st.sampled_from(["tuple", "dict", "iter"]), label="how")
         case.inputs = {"tuple": tuple, "dict": lambda x: dict(enumerate(x)), "iter": iter}[how](case.inputs)
-        return "ok" if how == "tuple" else "refuse"
+        return {"ok"} if how == "tuple" else {"refuse"}
     if where == "workspace":
         bad = data.draw(st.sampled_from([4096, "ws", -1, 0]), label="ws")
         case.ws = (lambda req: WorkspaceView(bad, req.nbytes)) if bad == 0 else (lambda req: bad)
-        return "any" if bad == 0 else "refuse"
+        return set() if bad == 0 else {"refuse"}
     if where == "output":
         out = case.outputs[0]
         bad = data.draw(st.sampled_from(["none", "empty", "meta", "extra", "tuple"]), label="out")
         case.outputs = {"none": [None], "empty": [], "meta": [out.meta], "extra": [out, "x"],
                         "tuple": (out,)}[bad]
-        return "ok" if bad == "tuple" else "refuse"
+        return {"ok"} if bad == "tuple" else {"refuse"}
     i = data.draw(st.integers(0, 16), label="slot")
     word = data.draw(st.sampled_from(WORDS), label="word")
     old = case.inputs[i]
@@ -534,11 +543,11 @@ def _c4_objects(case: SimpleNamespace, data: Any, s: Spec) -> str:
            "meta": old.meta if isinstance(old, TensorView) and not old.absent else t0.meta}[word]
     case.inputs[i] = new
     if word in (None, "absent"):
-        return "any"
-    return "any" if i == pa.IN_ATTENTION_METADATA and word == "array" else "refuse"
+        return set()
+    return set() if i == pa.IN_ATTENTION_METADATA and word == "array" else {"refuse"}
 
 
-def _c5_config(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c5_config(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     name = data.draw(st.sampled_from(["num_splits", "max_splits", "mla_tiles"]), label="knob")
     good = {"num_splits": [np.int64(2), np.int32(5), None], "max_splits": [np.int16(4)],
             "mla_tiles": [[32], (np.int64(64), 32)]}[name]
@@ -546,10 +555,10 @@ def _c5_config(case: SimpleNamespace, data: Any, s: Spec) -> str:
            "mla_tiles": [(64.0,), (64, 48), ()]}[name]
     v = data.draw(st.sampled_from(good + bad), label="value")
     case.kw[name] = v
-    return "refuse" if any(v is b for b in bad) else "any"
+    return {"refuse"} if any(v is b for b in bad) else set()
 
 
-def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     n, a = case.node, case.node.attributes
     kind = data.draw(st.sampled_from(["inputs", "outputs", "unknown", "int_attr", "flag", "op",
                                       "exec_inputs", "exec_outputs"]), label="kind")
@@ -566,7 +575,7 @@ def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> str:
         v = a.get(name, 0)
         new = data.draw(st.sampled_from([float(v), bool(v), np.int64(v), np.float32(v)]), label="v")
         a[name] = new
-        return "any" if isinstance(new, np.integer) else "refuse"
+        return set() if isinstance(new, np.integer) else {"refuse"}
     elif kind == "flag":
         a[data.draw(st.sampled_from(["do_rotary", "rotary_interleaved"]), label="f")] = \
             data.draw(st.sampled_from([2, -1, 1.0]), label="v")
@@ -579,16 +588,16 @@ def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> str:
         case.inputs = list(case.inputs) + [None] * data.draw(st.integers(1, 8), label="extra")
     else:
         case.outputs = list(case.outputs) + [None] * (2 - len(case.outputs)) + [case.outputs[0]]
-    return "refuse"
+    return {"refuse"}
 
 
-def _c8_floats(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c8_floats(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     name = data.draw(st.sampled_from(["softcap", "scale"]), label="attr")
     v = data.draw(st.sampled_from([1e-46, -1e-46, 1e-40, 1e-39, 3.4e38, 3.5e38, np.float16(0.5),
                                    np.float64(2.0)]), label="v")
     case.node.attributes[name] = v
     case.float_attr = (name, v)
-    return "any"
+    return set()
 
 
 CLASSES = [_c1_numpy_dims, _c1_float_claim_dim, _c2_strides, _c3_overlap, _c4_objects, _c5_config,
@@ -721,33 +730,14 @@ def _check_valid(rt: FakeRuntime, case: SimpleNamespace, s: Spec) -> None:
 PAGED = OpFuzz(
     factory=PagedAttentionFactory, config=PagedAttentionConfig, specs=specs, build=build,
     check_valid=_check_valid, mutations=MUTATIONS, big_fields=BIG_FIELDS, big_specs=big_cases,
-    build_big=_build_big, claim_slots=16, workspace_from_metas=False)
+    build_big=_build_big, claim_slots=16, workspace_from_metas=False,
+    classes=CLASSES, case37=_case37, check37=_check37, typed37=TYPED_ALL)
 
 
 # --------------------------------------------------------------------------- CPU properties
 class TestHost(host_tests(PAGED)):
-    """No GPU: the shared properties (tests._fuzz), then the bad-object classes of issue 37."""
-
-    @pytest.mark.parametrize("mutate", CLASSES, ids=lambda m: m.__name__)
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_issue37_classes_are_typed_refusals_that_change_nothing(self, mutate: Any, s: Spec,
-                                                                     data: Any) -> None:
-        rt = FakeRuntime()
-        _hooks(rt)
-        case = _case37(rt, s)
-        verdict = mutate(case, data, s)
-        err = run_full(rt, case)  # a refusal launched nothing and changed no byte
-        if err is None:
-            assert verdict != "refuse", f"{mutate.__name__}: accepted ({rt.names()})"
-            name, v = getattr(case, "float_attr", (None, None))
-            reads = [x for x in rt.launches if "simple" in x.name or "fwd" in x.name]
-            if name and reads:  # the kernels get the attribute's float32 value
-                at = (-2 if "simple" in reads[0].name else -3) - (name == "scale")
-                assert reads[0].args[at] == np.float32(v), (name, v, reads[0].args[at])
-        else:
-            assert verdict != "ok", f"{mutate.__name__}: refused a valid call: {err!r}"
-        assert rt.memory_stats().live_bytes == 0
+    """No GPU: the shared properties and the issue-37 classes (tests._fuzz), then numpy dims and
+    the reference's refusals."""
 
     @settings(CPU_SETTINGS, max_examples=30)
     @given(s=specs(), data=st.data())
