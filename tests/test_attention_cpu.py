@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import multiprocessing
 import os
@@ -55,8 +56,12 @@ def fake_rt(sm_count: int = 132):
     return SimpleNamespace(capabilities=SimpleNamespace(sm_count=sm_count))
 
 
-def view(shape, dtype=F16, strides=None, ptr=0x10000, cls=TensorView):
-    return cls(ptr, dtype, tuple(shape), strides)
+_PTRS = itertools.count(1)
+
+
+def view(shape, dtype=F16, strides=None, ptr=None, cls=TensorView):
+    # Each view its own 64 GiB range: an output may not overlap an input (issue 37).
+    return cls(next(_PTRS) << 36 if ptr is None else ptr, dtype, tuple(shape), strides)
 
 
 # ------------------------------------------------------------------ registry and claim table
@@ -351,7 +356,9 @@ def naive(q, k, v, mask, num_heads, kv_heads, causal=0, scale=None, softcap=0.0,
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     G = num_heads // kv_heads
-    scale = 1 / math.sqrt(D) if scale is None else scale
+    # Attributes are float32 values (the kernels' and the reference's; issue 37, class 8).
+    scale = 1 / math.sqrt(D) if scale is None else float(np.float32(scale))
+    softcap = float(np.float32(softcap))
     out = np.zeros((B, H, Sq, D))
     planes = 0 if mask is None else mask.size // (Sq * Sk)
     for b in range(B):

@@ -352,9 +352,10 @@ class FakeRt:
 
 
 def _views(B=8, H=32, Hkv=8, Sq=1, Sk=8192, D=128, dt=BF16, qptr=0x10000):
-    ins = [TensorView(qptr, dt, (B, H, Sq, D)), TensorView(0x20000, dt, (B, Hkv, Sk, D)),
-           TensorView(0x30000, dt, (B, Hkv, Sk, D))]
-    return ins, TensorMut(0x40000, dt, (B, H, Sq, D))
+    # K, V and the output in ranges of their own: an output may not overlap an input.
+    ins = [TensorView(qptr, dt, (B, H, Sq, D)), TensorView(1 << 36, dt, (B, Hkv, Sk, D)),
+           TensorView(2 << 36, dt, (B, Hkv, Sk, D))]
+    return ins, TensorMut(3 << 36, dt, (B, H, Sq, D))
 
 
 def test_one_launch_and_counter_pool(ptx):

@@ -268,3 +268,15 @@ def test_plan_cache_is_bounded_and_keeps_pinned_arenas(fake, monkeypatch):
     assert fake.memory_stats().live_bytes == arenas() + kernel_owned  # evicted arenas were freed
     F.clear_cache(fake)
     assert fake.memory_stats().live_bytes == 0
+
+
+@pytest.mark.parametrize("arg", [np.ones((1, 1, 1, 8), np.float32), [1.0], "q"],
+                         ids=["numpy", "list", "str"])
+def test_host_or_non_tensor_inputs_are_a_kernel_error_before_any_runtime(arg):
+    # A user's first mistake: host arrays. A typed error that says what to pass, raised
+    # before a runtime (or a GPU) is needed.
+    import attnrt
+    from attnrt.runtime.errors import KernelError
+
+    with pytest.raises(KernelError, match="CUDA"):
+        attnrt.attention(arg, arg, arg)

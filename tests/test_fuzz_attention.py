@@ -30,7 +30,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from attnrt.ops.attention import AttentionConfig, AttentionFactory
+from attnrt.ops.attention import AttentionConfig, AttentionFactory, parse_attributes, reference
 from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, Unsupported
 from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
@@ -455,6 +455,217 @@ class TestHost:
         stage, err = attempt(rt, case)
         assert isinstance(err, KernelError), f"{stage}: {type(err).__name__}: {err}"
         assert rt.launch_count == 0
+
+
+# --------------------------------------------------------------------------- issue 37
+# Each class turns a valid case into one of the bad-input classes and returns what must
+# happen: "ok" (runs), "typed" (KernelError/Unsupported/ValueError), "type" (TypeError),
+# "claim" (unsupported_reason declines too).
+_NP_INTS = (np.int16, np.int32, np.int64, np.uint32)
+
+
+def _c_dims(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    shapes = [t.shape for t in case.inputs]
+    if data.draw(st.booleans(), label="numpy"):  # same verdict as Python ints: claimed, runs
+        top = max(max(x, default=0) for x in shapes)
+        cast = data.draw(st.sampled_from([c for c in _NP_INTS + (np.int8,) if top <= np.iinfo(c).max]))
+        case.claim_shapes = [tuple(cast(d) for d in x) for x in shapes]
+        return {"ok"}
+    i = data.draw(st.integers(0, len(shapes) - 1), label="input")
+    a = data.draw(st.integers(0, len(shapes[i]) - 1), label="axis")
+    bad = data.draw(st.sampled_from([float(shapes[i][a]), shapes[i][a] + 0.5, True]), label="bad")
+    case.claim_shapes = list(shapes)
+    case.claim_shapes[i] = shapes[i][:a] + (bad,) + shapes[i][a + 1:]
+    return {"ok", "claim"}  # the claim declines; the (integer) views still run
+
+
+def _c_strides(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    group = data.draw(st.sampled_from(["inputs", "outputs"]), label="group")
+    views = getattr(case, group)
+    i = data.draw(st.integers(0, len(views) - 1), label="slot")
+    t = views[i]
+    axes = [a for a, d in enumerate(t.shape) if d > 1]
+    assume(axes)
+    st_ = list(t.element_strides)
+    # every value is at least 2**63 bytes for a 2-byte element: past the pointer range
+    st_[data.draw(st.sampled_from(axes), label="axis")] = data.draw(
+        st.sampled_from([2**62, 2**63 - 1, 2**63, 2**64, -(2**62)]), label="stride")
+    views[i] = type(t)(t.ptr, t.dtype, t.shape, tuple(st_))
+    return {"typed"}
+
+
+def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    o = case.outputs[0]
+    assume(o.numel > 0)
+    kind = data.draw(st.sampled_from(["zero_stride", "s_below_d", "input"]), label="kind")
+    st_ = list(o.element_strides)
+    if kind == "input":  # Attention defines no alias
+        cands = [t for t in case.inputs if t.numel > 0]
+        assume(cands)
+        t = data.draw(st.sampled_from(cands), label="target")
+        off = data.draw(st.sampled_from([0, t.dtype.itemsize, t.nbytes // 2]), label="offset")
+        assume(off < t.nbytes)
+        case.outputs[0] = TensorMut(t.ptr + off, o.dtype, o.shape)
+        return {"typed"}
+    if kind == "s_below_d":
+        assume(s.Sq > 1 and s.D > 1)
+        st_[2] = data.draw(st.integers(1, s.D - 1), label="s_stride")
+    else:
+        axes = [a for a, d in enumerate(o.shape) if d > 1]
+        assume(axes)
+        st_[data.draw(st.sampled_from(axes), label="axis")] = 0
+    case.outputs[0] = TensorMut(o.ptr, o.dtype, o.shape, tuple(st_))
+    return {"typed"}
+
+
+def _c_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    kind = data.draw(st.sampled_from(["absent", "outputs", "meta", "junk", "raw_shapes"]), label="kind")
+    if kind == "absent":  # None and absent_slot() are one representation
+        assume(not s.planes)
+        case.inputs = case.inputs + [data.draw(st.sampled_from([None, TensorView.absent_slot()]))]
+        return {"ok"}
+    if kind == "outputs":
+        case.outputs = data.draw(st.sampled_from([[None], [], [TensorView.absent_slot()]]), label="o")
+        return {"typed"}
+    if kind == "raw_shapes":
+        case.metas = [t.shape for t in case.inputs]
+        return {"type"}
+    group = data.draw(st.sampled_from(["inputs", "outputs"]), label="group")
+    views = getattr(case, group)
+    i = data.draw(st.integers(0, len(views) - 1), label="slot")
+    t = views[i]
+    views[i] = t.meta if kind == "meta" else data.draw(
+        st.sampled_from(["q", 12345, tuple(t.shape), np.zeros(3)]), label="junk")
+    return {"type"}
+
+
+def _c_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    kind = data.draw(st.sampled_from(["unknown_attr", "int_attr", "domain", "op_type", "extra_input",
+                                      "extra_output", "extra_view"]), label="kind")
+    n = case.node
+    if kind == "unknown_attr":
+        n.attributes[data.draw(st.sampled_from(["do_rotary", "scal", "softcap_", "num_splits"]))] = 1
+    elif kind == "int_attr":
+        name = data.draw(st.sampled_from(["num_heads", "kv_num_heads"]), label="name")
+        v = n.attributes.get(name, s.H)
+        n.attributes[name] = data.draw(st.sampled_from([float(v), True, np.float32(v), str(v)]))
+    elif kind == "domain":
+        n.domain = data.draw(st.sampled_from(["", "com.microsoft", "pkg.attnrt"]))
+    elif kind == "op_type":
+        n.op_type = data.draw(st.sampled_from(["attention", "IndexShare", "PagedAttention"]))
+    elif kind == "extra_input":
+        n.inputs = ["q", "k", "v", "mask"] + ["extra"] * data.draw(st.integers(1, 2))
+    elif kind == "extra_output":
+        n.outputs = ["o"] + ["extra"] * data.draw(st.integers(1, 2))
+    else:  # more views at execute than the op defines
+        if data.draw(st.booleans(), label="side"):
+            case.inputs = (case.inputs + [case.inputs[0]] * 2)[:5]
+        else:
+            case.outputs = case.outputs * 2
+        return {"typed"}
+    case.reference_too = True
+    return {"typed", "claim"}
+
+
+def _c_float32(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
+    name = data.draw(st.sampled_from(["scale", "softcap"]), label="name")
+    v = data.draw(st.one_of(
+        st.sampled_from([1e-46, 1e-45, 1e-40, 0.1, 1.0 / 3, 3.4e38, 3.5e38, 1e39, -1e-46, -0.5]),
+        st.floats(allow_nan=True, allow_infinity=True)), label="value")
+    case.node.attributes[name] = v
+    case.reference_too = True
+    with np.errstate(over="ignore"):
+        f32 = float(np.float32(v))
+    ok = math.isfinite(f32) and (f32 > 0 if name == "scale" else f32 >= 0)
+    case.float32 = (name, f32) if ok else None
+    return {"ok"} if ok else {"typed", "claim"}
+
+
+ISSUE37 = [_c_dims, _c_strides, _c_overlap, _c_objects, _c_node, _c_float32]
+
+
+def _spans(views: list) -> list[tuple[int, int]]:
+    return [(t.ptr, t.nbytes) for t in views if isinstance(t, TensorView) and not t.absent
+            and t.nbytes and 0 < t.ptr < 2**64]
+
+
+def _backed(rt: FakeRuntime, spans: list[tuple[int, int]]) -> list[bytes | None]:
+    out = []
+    for ptr, n in spans:
+        b = rt.read(ptr, n) if ptr + n < 2**64 else None
+        out.append(None if b is None else b.tobytes())
+    return out
+
+
+def full_path(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
+    """create, workspace_requirement, execute (a 0xA5-filled workspace when the fake backs
+    it); only typed errors and TypeError come back, and a refused execute changed nothing."""
+    spans = _spans(case.inputs + case.outputs)
+    stage, kern = "create", None
+    try:
+        kern = AttentionFactory(rt, AttentionConfig(**case.kw)).create(case.node)
+        stage = "workspace"
+        metas = case.metas if case.metas is not None else [  # junk goes to both calls
+            t.meta if isinstance(t, TensorView) and not t.absent else None if _absent(t) else t
+            for t in case.inputs]
+        req = kern.workspace_requirement(metas)
+        ws = None
+        if req.nbytes and case.use_ws:
+            ws = WorkspaceView(rt.address(req.nbytes), req.nbytes)
+            spans.append((ws.ptr, ws.nbytes))
+        before = _backed(rt, spans)
+        stage = "execute"
+        try:
+            kern.execute(case.inputs, case.outputs, ws)
+        except (*TYPED, TypeError):
+            assert _backed(rt, spans) == before, "a refused execute changed a buffer"
+            raise
+    except (*TYPED, TypeError) as exc:
+        return stage, exc
+    finally:
+        if kern is not None:
+            kern.close()
+    return None, None
+
+
+class TestIssue37:
+    """The bad-input classes over the full path (claim, create, workspace, execute) on the
+    fake runtime, and the reference where the node is at fault."""
+
+    @pytest.mark.parametrize("cls", ISSUE37, ids=lambda m: m.__name__[3:])
+    @PER_MUTATION
+    @given(s=specs(), data=st.data())
+    def test_class_gives_typed_error_or_success(self, cls: Any, s: Spec, data: Any) -> None:
+        rt = FakeRuntime()
+        case = build(rt, s)
+        for o in case.outputs:  # distinct bytes, so that a write into an output shows
+            if rt.read(o.ptr, o.nbytes) is not None:
+                rt.write(o.ptr, np.full(o.nbytes, 0xCD, np.uint8))
+        case.claim_shapes, case.metas, case.reference_too, case.float32 = None, None, False, None
+        shapes = [t.shape for t in case.inputs]  # the node's shapes, before execute's objects
+        want = cls(case, data, s)
+        shapes = case.claim_shapes or shapes
+        reason = AttentionFactory(rt).unsupported_reason(case.node, shapes, [s.dtype] * len(shapes))
+        assert (reason is not None) == ("claim" in want), reason
+        stage, err = full_path(rt, case)
+        if "ok" in want:
+            assert err is None, f"refused at {stage}: {type(err).__name__}: {err}"
+        else:
+            assert err is not None, f"accepted ({rt.names()})"
+            assert isinstance(err, TypeError) == ("type" in want), f"{type(err).__name__}: {err}"
+            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
+        assert rt.memory_stats().live_bytes == 0
+        if case.float32 is not None:  # one float32 value for the kernel and the reference
+            name, f32 = case.float32
+            assert getattr(parse_attributes(case.node), name) == f32
+            if not case.empty:
+                args = [a for x in rt.launches for a in x.args if isinstance(a, np.float32)]
+                assert np.float32(f32) in args, (name, f32, args)
+        if case.reference_too and err is not None:  # the reference refuses as the kernel does
+            host = [np.empty(t.shape, s.dtype.numpy) for t in case.inputs]
+            with pytest.raises(type(err)) as got:
+                reference.attention(case.node, host)
+            assert str(got.value) == str(err)
 
 
 @st.composite

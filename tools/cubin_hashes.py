@@ -8,7 +8,7 @@ helper): run it before and after, then ``cmp`` the two files. The work list is w
 target being ``sm_<num><arch_suffix>`` (so on Hopper the wgmma/setmaxnreg variants build
 for ``sm_90a``, the others for ``sm_90``). The compiles go through
 ``CompileCache.get`` as in ``warm``, but with the disk layer off (``disk=False``, and
-``NXRT_CACHE=0`` / ``NXRT_CACHE_DIR`` pointed at a fresh temporary directory for anything
+``ATTNRT_CACHE=0`` / ``ATTNRT_CACHE_DIR`` pointed at a fresh temporary directory for anything
 that looks at the environment), so every CUBIN is compiled by NVRTC now.
 
 Each output line: ``variant-id target sha256(cubin)``, sorted; the variant id is
@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="nxrt-cubin-hashes-")
     # Workers are spawned: they inherit this environment (a fresh, unused cache directory).
-    os.environ["NXRT_CACHE"] = "0"
-    os.environ["NXRT_CACHE_DIR"] = tmp
+    os.environ["ATTNRT_CACHE"] = "0"
+    os.environ["ATTNRT_CACHE_DIR"] = tmp
     ns = _imports()
     print(f"cubin_hashes: kernels from {Path(ns.kernels_file).parent}", file=sys.stderr)
     work = [w for w in work_list(archs) if args.match in w[0]]

@@ -13,8 +13,8 @@
 # The runs so far, and what they found: docs/notes/sanitize.md.
 #
 # Environment:
-#   NXRT_SANITIZE_TOOLS    tools to run (default: "memcheck racecheck initcheck synccheck")
-#   NXRT_SANITIZE_TIMEOUT  seconds per tool before it is stopped (default 110; the four tools
+#   ATTNRT_SANITIZE_TOOLS    tools to run (default: "memcheck racecheck initcheck synccheck")
+#   ATTNRT_SANITIZE_TIMEOUT  seconds per tool before it is stopped (default 110; the four tools
 #                          then fit in about 8 minutes with the warm-up)
 #   COMPUTE_SANITIZER      path of compute-sanitizer (default: PATH, then the CUDA toolkit)
 #   ATTNRT_CACHE_DIR         compile cache (default: the one tools/gpu_check.sh uses)
@@ -30,8 +30,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 : "${ATTNRT_CACHE_DIR:=${TMPDIR:-/tmp}/attnrt-gpu-check-cache}"
 export ATTNRT_CACHE_DIR
-TOOLS=${NXRT_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
-LIMIT=${NXRT_SANITIZE_TIMEOUT:-110}
+TOOLS=${ATTNRT_SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
+LIMIT=${ATTNRT_SANITIZE_TIMEOUT:-110}
 
 find_sanitizer() {
   local c

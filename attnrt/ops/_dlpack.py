@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from attnrt.runtime.api import DataType, TensorMetadata, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.errors import KernelError
 from attnrt.runtime.tensors import DeviceArray
 
 __all__ = ["library_of", "device_of", "current_stream", "as_view", "as_mut", "as_meta",
@@ -58,15 +59,17 @@ def device_of(obj: Any) -> int | None:
 
     Raises
     ------
-    ValueError
-        The tensor is not in CUDA device memory.
+    KernelError
+        ``obj`` is not a tensor (no ``__dlpack__`` / ``__cuda_array_interface__``), or it
+        lives in host memory (a numpy array, a CPU torch tensor).
     """
     lib = library_of(obj)
     if lib == OURS:
         return None
     if lib == TORCH:
         if obj.device.type != "cuda":
-            raise ValueError(f"expected a CUDA tensor, got one on {obj.device}")
+            raise KernelError(f"the tensor arguments must be CUDA tensors; got a torch tensor on "
+                              f"{obj.device} (move it with .cuda())")
         return int(obj.device.index or 0)
     if lib == CUPY:
         return int(obj.device.id)
@@ -74,8 +77,15 @@ def device_of(obj: Any) -> int | None:
     if dev is not None:
         kind, ordinal = dev()
         if int(kind) not in (2, 3, 13):  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
-            raise ValueError(f"expected device memory, got DLPack device type {int(kind)}")
+            where = ("host memory (e.g. a numpy array)" if int(kind) == 1
+                     else f"DLPack device type {int(kind)}")
+            raise KernelError(f"the tensor arguments must be in CUDA device memory; got a "
+                              f"{type(obj).__name__} in {where}; pass a torch/CuPy/JAX CUDA array")
         return int(ordinal)
+    if not hasattr(obj, "__cuda_array_interface__"):
+        raise KernelError(f"the tensor arguments must be CUDA tensors (torch, CuPy, JAX, or any "
+                          f"object with __dlpack__ or __cuda_array_interface__); got a "
+                          f"{type(obj).__name__}")
     return 0
 
 

@@ -99,6 +99,8 @@ def check_no_self_overlap(v: TensorView, name: str, op: str) -> None:
     KernelError
         Two index tuples of ``v`` address the same element.
     """
+    if v.numel == 0:  # no elements, nothing to overlap (whatever its strides)
+        return None
     span = 1
     for d, s in sorted(((d, abs(s)) for d, s in zip(v.shape, v.element_strides) if d > 1),
                        key=lambda t: t[1]):

@@ -24,7 +24,7 @@ from attnrt.runtime.api import (
     WorkspaceRequirement,
     WorkspaceView,
 )
-from attnrt.runtime.errors import CaptureError, KernelError
+from attnrt.runtime.errors import CaptureError
 
 from .._common import ScratchPool, Variant, check_workspace, get_function
 from .builds import (
@@ -50,8 +50,9 @@ from .builds import (
     wg_build,
     wg_build_variant,
 )
+from .calls import call_metas, check_call, check_workspace_alias
 from .plan import AttentionConfig, Plan, dec_warp_ring, plan, wg_grid
-from .schema import OP, Dims, check_io, parse_attributes, tc_layout_ok, unsupported_reason
+from .schema import OP, Dims, parse_attributes, tc_layout_ok, unsupported_reason
 
 __all__ = ["AttentionFactory", "AttentionKernel"]
 
@@ -77,12 +78,14 @@ class AttentionFactory:
         return unsupported_reason(node, shapes, dtypes)
 
     def create(self, node: Node, input_shapes: Sequence[Sequence[int] | None] = ()) -> AttentionKernel:
-        """Create the kernel (attributes are validated here).
+        """Create the kernel (the node and its attributes are validated here).
 
         Raises
         ------
+        TypeError
+            ``node`` is not a Node, or its attributes are not a dict.
         KernelError
-            An attribute is invalid.
+            Another op, an unknown or invalid attribute, or extra inputs/outputs.
         """
         return AttentionKernel(self.rt, node, self.config)
 
@@ -159,11 +162,13 @@ class AttentionKernel:
 
         Raises
         ------
+        TypeError
+            ``inputs`` is not a list, or a slot is not TensorMetadata, a view or None.
         KernelError
             The inputs do not fit the node.
         """
-        dims, dtype = check_io(self.node, self.attrs, list(inputs), None)
-        p = self._plan(dims, dtype, all(tc_layout_ok(m) for m in inputs[:3]))
+        dims, dtype, metas = call_metas(self.node, self.attrs, inputs)
+        p = self._plan(dims, dtype, all(tc_layout_ok(m) for m in metas[:3]))
         return WorkspaceRequirement(p.workspace, WS_ALIGN) if p.workspace else WorkspaceRequirement.NONE
 
     def execute(self, inputs: Sequence[TensorView], outputs: Sequence[TensorMut],
@@ -172,21 +177,17 @@ class AttentionKernel:
 
         Raises
         ------
+        TypeError
+            ``inputs``/``outputs`` are not lists of views (``None`` for an absent slot).
         KernelError
-            A shape, dtype, stride or attribute does not fit; nothing was launched.
+            A shape, dtype, stride, pointer range or overlap rule does not fit; nothing was
+            launched and nothing written.
         WorkspaceError
             ``workspace`` is shorter than :meth:`workspace_requirement` (or misaligned).
         CaptureError
             The unfused path is called without a workspace while the stream is capturing.
         """
-        inputs, outputs = list(inputs), list(outputs)
-        if len(outputs) != 1 or outputs[0].absent:
-            raise KernelError(f"{OP}: expected 1 output, got {len(outputs)}"
-                              + (" (absent)" if outputs and outputs[0].absent else ""))
-        dims, dtype = check_io(self.node, self.attrs, inputs, outputs[0])
-        q, k, v = inputs[:3]
-        mask = inputs[3] if len(inputs) > 3 and not inputs[3].absent else None
-        out = outputs[0]
+        dims, dtype, (q, k, v), mask, out = check_call(self.node, self.attrs, inputs, outputs)
         # Plan from metadata exactly as workspace_requirement does (same splits and bytes);
         # pointers or an output layout the tensor-core kernel cannot take switch the kernel
         # to the SIMT one, which shares the split layout.
@@ -213,6 +214,7 @@ class AttentionKernel:
                 self.last_plan = p
                 return
             check_workspace(OP, WorkspaceRequirement(p.workspace, WS_ALIGN), workspace)
+            check_workspace_alias([q, k, v], mask, out, workspace.ptr, p.workspace)
         self.last_plan = p
         self._launch(p, dims, dtype, q, k, v, mask, out, workspace.ptr if workspace else 0)
 

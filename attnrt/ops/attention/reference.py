@@ -1,7 +1,9 @@
 """numpy reference of ``pkg.nxrt::Attention`` (float64 inside, Q's dtype out).
 
 The oracle of the tests and a CPU fallback. Its math is independent of the kernel's planner
-and builds; it shares only the schema's validation, so it refuses what the kernel refuses.
+and builds; it shares only the validation (:func:`.calls.check_host_call`), so it refuses
+what the kernel refuses with the same typed errors, and it uses the attributes' float32
+values (``scale``, ``softcap``) as the kernels do.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 
 from attnrt.runtime.api import Node
 
-from .schema import check_dims, parse_attributes
+from .calls import check_host_call
 
 __all__ = ["attention"]
 
@@ -27,7 +29,8 @@ def attention(node: Node, inputs: Sequence[np.ndarray | None], out_dtype: Any = 
     node
         The Attention node (its attributes are validated as the kernel does).
     inputs
-        ``[Q, K, V]`` or ``[Q, K, V, mask]`` (``None`` for an absent mask), numpy arrays.
+        ``[Q, K, V]`` or ``[Q, K, V, mask]`` (``None`` for an absent mask), numpy arrays of
+        one dtype (float32, float16 or bfloat16), the mask included.
     out_dtype
         Result dtype (default: Q's dtype).
 
@@ -38,14 +41,12 @@ def attention(node: Node, inputs: Sequence[np.ndarray | None], out_dtype: Any = 
 
     Raises
     ------
+    TypeError
+        ``node`` is not a Node (or its attributes not a dict), or ``inputs`` not a list.
     KernelError
-        Invalid attributes or shapes (the same checks as the kernel).
+        Invalid node, attributes, shapes or dtypes (the same checks as the kernel).
     """
-    attrs = parse_attributes(node)
-    q, k, v = (np.asarray(x) for x in inputs[:3])
-    mask = inputs[3] if len(inputs) > 3 else None
-    mask = None if mask is None else np.asarray(mask)
-    dims = check_dims(attrs, q.shape, k.shape, v.shape, None if mask is None else mask.shape)
+    attrs, dims, (q, k, v, mask) = check_host_call(node, inputs)
     B, H, Sq, D, Sk, G = dims.B, dims.H, dims.Sq, dims.D, dims.Sk, dims.group
     scale = attrs.scale if attrs.scale is not None else 1.0 / math.sqrt(D) if D else 1.0
 

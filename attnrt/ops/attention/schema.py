@@ -1,7 +1,19 @@
 """The ``pkg.nxrt::Attention`` schema: attributes, shapes, dtypes and the claim-time gate.
 
 Everything here is pure host code on metadata; the kernel and the numpy reference share it,
-so both refuse the same inputs with the same messages.
+so both refuse the same inputs with the same messages. The rules are the shared ones of
+:mod:`attnrt.ops._validate`:
+
+- shapes are normalised to Python ints first (a ``np.int32`` dim cannot overflow a size
+  check; a float or bool dim is refused);
+- the node may carry only the attributes in :data:`ATTRIBUTES`, at most 4 inputs and 1
+  output, and must be ``pkg.nxrt::Attention``; integer attributes must be integers;
+- ``scale`` and ``softcap`` are rounded to float32 once, here: that is the value the kernels
+  compute with, and the reference uses the same value (``softcap=1e-46`` is 0 in float32, so
+  it disables the cap in both);
+- :func:`check_call` (``execute``) refuses views outside the 64-bit pointer range, an
+  output that overlaps itself, and an output that overlaps an input (Attention defines no
+  alias); ``None`` and ``TensorView.absent_slot()`` are one absent slot.
 """
 
 from __future__ import annotations
@@ -16,13 +28,17 @@ import numpy as np
 from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorView
 from attnrt.runtime.errors import KernelError
 
-__all__ = ["OP", "DOMAIN", "OP_TYPE", "SUPPORTED", "INPUT_NAMES", "Attrs", "Dims",
-           "parse_attributes", "check_dims", "check_io", "unsupported_reason", "tc_layout_ok"]
+from .. import _validate as V
+
+__all__ = ["OP", "DOMAIN", "OP_TYPE", "SUPPORTED", "INPUT_NAMES", "ATTRIBUTES", "Attrs", "Dims",
+           "parse_attributes", "check_node", "check_dims", "check_io",
+           "unsupported_reason", "tc_layout_ok"]
 
 OP = "pkg.nxrt::Attention"
 DOMAIN, OP_TYPE = "pkg.nxrt", "Attention"
 SUPPORTED = (DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16)
 INPUT_NAMES = ("Q", "K", "V", "mask")
+ATTRIBUTES = ("num_heads", "kv_num_heads", "causal", "scale", "softcap", "local_window_size")
 I32 = 2**31 - 1
 POS_MAX = 2**31 - 256  # int32 positions and row indices, with room for one tile past the end
 
@@ -64,6 +80,41 @@ class Attrs:
     local_window_size: int
 
 
+def _f32_attr(attrs: Any, name: str) -> float:
+    # The shared rounding rule; a value that is not finite in float32 is returned as inf so
+    # that the op's own range message (below) names it.
+    v = attrs[name]
+    if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_)):
+        try:
+            if not _f32_finite(float(v)):
+                return math.inf if float(v) == float(v) else math.nan
+        except OverflowError:
+            return math.inf
+    return _named(V.float32_attr, attrs, name, 0.0)
+
+
+def _named(rule: Any, attrs: Any, name: str, default: Any) -> Any:
+    # The shared rule, with the message naming the attribute as this op's messages do.
+    try:
+        return rule(attrs, name, default, OP)
+    except KernelError as exc:
+        raise KernelError(f"{OP}: attribute {name!r}: {str(exc).removeprefix(OP + ': ')}") from None
+
+
+def check_node(node: Any) -> None:
+    """The node rules: ``pkg.nxrt::Attention``, known attributes only, at most 4 inputs
+    (Q, K, V, mask) and 1 output.
+
+    Raises
+    ------
+    TypeError
+        ``node`` is not a :class:`Node`, or its attributes are not a dict.
+    KernelError
+        The message names what is wrong.
+    """
+    V.check_node(node, OP, DOMAIN, OP_TYPE, ATTRIBUTES, 4, 1)
+
+
 def parse_attributes(node: Node) -> Attrs:
     """Read and validate the attributes of an Attention node.
 
@@ -79,35 +130,35 @@ def parse_attributes(node: Node) -> Attrs:
 
     Raises
     ------
+    TypeError
+        ``node`` is not a :class:`Node`, or its attributes are not a dict.
     KernelError
-        An attribute is missing, mistyped or out of range; the message names it.
+        Another op, an unknown attribute, too many inputs/outputs, or an attribute missing,
+        mistyped or out of range; the message names it.
     """
-    def get(kind: str, name: str, default: Any = None) -> Any:
-        try:
-            return (node.attr_int if kind == "int" else node.attr_float)(
-                name, *(() if default is None else (default,)))
-        except (TypeError, ValueError) as exc:
-            raise KernelError(f"{OP}: attribute {name!r}: {exc}") from None
-
-    num_heads = get("int", "num_heads")
+    check_node(node)
+    a = node.attributes
+    if "num_heads" not in a:
+        raise KernelError(f"{OP}: attribute 'num_heads' is required")
+    num_heads = _named(V.int_attr, a, "num_heads", 0)
     if num_heads <= 0:
         raise KernelError(f"{OP}: attribute 'num_heads' = {num_heads}; expected a positive int")
-    kv = get("int", "kv_num_heads", num_heads)
+    kv = _named(V.int_attr, a, "kv_num_heads", num_heads)
     if kv <= 0 or num_heads % kv:
         raise KernelError(f"{OP}: attribute 'kv_num_heads' = {kv}; expected a positive divisor "
                           f"of num_heads = {num_heads}")
-    causal = get("int", "causal", 0)
+    causal = _named(V.int_attr, a, "causal", 0)
     if causal not in (0, 1):
         raise KernelError(f"{OP}: attribute 'causal' = {causal}; expected 0 or 1")
-    scale = get("float", "scale", math.nan) if node.has("scale") else None
-    if scale is not None and not (_f32_finite(scale) and np.float32(scale) > 0):
-        raise KernelError(f"{OP}: attribute 'scale' = {scale}; expected a value > 0 that is finite "
+    scale = _f32_attr(a, "scale") if "scale" in a else None
+    if scale is not None and not (_f32_finite(scale) and scale > 0):
+        raise KernelError(f"{OP}: attribute 'scale' = {a['scale']}; expected a value > 0 that is finite "
                           "in float32 (omit it for 1/sqrt(head_dim))")
-    softcap = get("float", "softcap", 0.0)
+    softcap = _f32_attr(a, "softcap") if "softcap" in a else 0.0
     if not (_f32_finite(softcap) and softcap >= 0):
-        raise KernelError(f"{OP}: attribute 'softcap' = {softcap}; expected a value >= 0 that is "
-                          "finite in float32 (0 disables it)")
-    window = get("int", "local_window_size", -1)
+        raise KernelError(f"{OP}: attribute 'softcap' = {a.get('softcap', 0.0)}; expected a value "
+                          ">= 0 that is finite in float32 (0 disables it)")
+    window = _named(V.int_attr, a, "local_window_size", -1)
     if window < -1:
         raise KernelError(f"{OP}: attribute 'local_window_size' = {window}; expected -1 "
                           "(disabled) or a window >= 0")
@@ -168,9 +219,12 @@ def check_dims(attrs: Attrs, q: Sequence[int], k: Sequence[int], v: Sequence[int
     Raises
     ------
     KernelError
-        A shape does not fit; the message names the input, its shape and the expectation.
+        A shape does not fit, or a dimension is not an integer (numpy integers are taken as
+        Python ints); the message names the input, its shape and the expectation.
     """
-    q, k, v = tuple(q), tuple(k), tuple(v)
+    q, k, v = (V.dims(x, n, OP) for x, n in ((q, "input Q (0)"), (k, "input K (1)"), (v, "input V (2)")))
+    mask = None if mask is None else V.dims(mask, "input mask (3)", OP)
+    out = None if out is None else V.dims(out, "output 0", OP)
     for name, idx, s in (("Q", 0, q), ("K", 1, k), ("V", 2, v)):
         if len(s) != 4:
             raise KernelError(f"{OP}: input {name} ({idx}) has shape {fmt(s)} (rank {len(s)}); "
@@ -208,12 +262,12 @@ def check_dims(attrs: Attrs, q: Sequence[int], k: Sequence[int], v: Sequence[int
                 f"or B*H={B * H} planes of [Sq={Sq}, Sk={Sk}] = {plane} elements each")
         planes = n // plane if plane else 1
     dims = Dims(B, H, attrs.kv_num_heads, Sq, Sk, D, planes)
-    if out is not None and tuple(out) != dims.out_shape:
+    if out is not None and out != dims.out_shape:
         raise KernelError(f"{OP}: output 0 has shape {fmt(out)}; expected {fmt(dims.out_shape)}")
     return dims
 
 
-def check_io(node: Node, attrs: Attrs, inputs: list, out: TensorView | None
+def check_io(node: Node, attrs: Attrs, inputs: list, out: TensorView | None, *, host: bool = False
              ) -> tuple[Dims, DataType]:
     """Validate the kernel's inputs (and output) from metadata: count, dtypes, shapes, strides.
 
@@ -228,6 +282,8 @@ def check_io(node: Node, attrs: Attrs, inputs: list, out: TensorView | None
         (None for an absent mask).
     out
         The output, or None while planning.
+    host
+        The reference's call: a mask given as metadata is present whatever the node says.
 
     Returns
     -------
@@ -249,7 +305,7 @@ def check_io(node: Node, attrs: Attrs, inputs: list, out: TensorView | None
     if len(inputs) == 4 and inputs[3] is not None:
         m = inputs[3]
         # Planning gets None (or, from older executors, the absent slot's metadata).
-        present = (not m.absent) if isinstance(m, TensorView) else node.input_present(3)
+        present = (not m.absent) if isinstance(m, TensorView) else host or node.input_present(3)
         mask = m if present else None
     dtype = inputs[0].dtype
     if dtype not in SUPPORTED:
@@ -303,17 +359,22 @@ def unsupported_reason(node: Node, shapes: Sequence[Sequence[int] | None],
     str or None
         None when the op takes the node, else the reason.
     """
+    if not isinstance(node, Node):
+        return f"{OP}: expected a Node, got {type(node).__name__}"
     if (node.domain, node.op_type) != (DOMAIN, OP_TYPE):
         return f"not {OP} (got {node.domain}::{node.op_type})"
-    try:
-        attrs = parse_attributes(node)
-    except KernelError as exc:
-        return str(exc)
     n_in = len(node.inputs) if node.inputs else len(shapes)
     if n_in not in (3, 4):
         return f"{OP} takes 3 inputs (Q, K, V) or 4 (Q, K, V, mask); the node has {n_in}"
     if len(node.outputs) > 1:
         return f"{OP} has one output; the node has {len(node.outputs)}"
+    try:
+        attrs = parse_attributes(node)
+    except (KernelError, TypeError) as exc:
+        return str(exc)
+    if len(shapes) > len(INPUT_NAMES) or len(dtypes) > len(INPUT_NAMES):
+        return (f"{OP}: {max(len(shapes), len(dtypes))} input shapes/dtypes given; the op defines "
+                f"at most {len(INPUT_NAMES)}")
     for i in range(3):
         if node.inputs and not node.input_present(i):
             return f"input {INPUT_NAMES[i]} ({i}) is required but absent"
