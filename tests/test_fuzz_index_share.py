@@ -1,9 +1,9 @@
 """Fuzzing ``pkg.nxrt::IndexShare``: random valid and invalid calls (hypothesis).
 
-CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRuntime`; the
-``selected_indices`` the op reads back are real (registered with the fake), and in
-fixed-capacity mode a hook plays the frontier kernel (it writes the valid lengths the bias
-carries, as ``capacity_valid_lengths`` computes them).
+CPU half (runs in CI, no GPU): the shared harness (:mod:`tests._fuzz`) runs the op against
+:class:`tests._fakes.FakeRuntime`; the ``selected_indices`` the op reads back are real
+(registered with the fake), and in fixed-capacity mode a hook plays the frontier kernel
+(it writes the valid lengths the bias carries, as ``capacity_valid_lengths`` computes them).
 
 - Valid cases (every present mode, GQA/MHA index heads, bias ranks 1-4, int32/int64
   indices, the in-place capacity cache, forced paths, with and without a workspace) are

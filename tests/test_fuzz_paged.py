@@ -1,6 +1,7 @@
 """Fuzzing ``com.microsoft::PagedAttention`` (LATENT): random valid and invalid calls (hypothesis).
 
-CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRuntime`.
+CPU half (runs in CI, no GPU): the shared harness (:mod:`tests._fuzz`) runs the op against
+:class:`tests._fakes.FakeRuntime`.
 
 - Valid cases (MLA 576/512 and small head sizes, RoPE half/interleaved, softcap, windows,
   aliasing cache output, host/device ``attention_metadata``, forced paths and splits, with and
