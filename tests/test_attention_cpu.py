@@ -497,6 +497,7 @@ def test_variant_list():
     assert len({(v.file, v.options) for v in VARIANTS}) == len(VARIANTS)
 
 
+@pytest.mark.slow  # the `compiled` fixture builds every variant twice: minutes on two cores
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: f"{v.module}[{','.join(map(str, v.defines.values()))}]")
 def test_variant_compiles(v, arch, compiled):
