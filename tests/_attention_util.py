@@ -11,12 +11,17 @@ import attnrt
 from attnrt.ops import reference
 from attnrt.ops.attention import AttentionConfig, AttentionKernel
 from attnrt.runtime.api import Node
+from tests._nodes import attention_node
 from tests._util import TOL, rel_fro
 
 
 def make_node(H, Hkv, _mask=False, **attrs) -> Node:
-    return Node("Attention", "pkg.nxrt", {"num_heads": H, "kv_num_heads": Hkv, **attrs},
-                ["q", "k", "v", "mask"] if _mask else ["q", "k", "v"], ["o"])
+    return attention_node({"num_heads": H, "kv_num_heads": Hkv, **attrs}, _mask)
+
+
+def dec(**kw) -> AttentionConfig:
+    """A config that forces the single-kernel decode path."""
+    return AttentionConfig(path="decode", **kw)
 
 
 def host_inputs(rng, dtype, B, H, Hkv, Sq, Sk, D, planes=0, masked_row=False, masked_at="middle"):

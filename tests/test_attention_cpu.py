@@ -42,13 +42,14 @@ from attnrt.runtime.api import (
     WorkspaceView,
 )
 from attnrt.runtime.errors import CaptureError, KernelError, WorkspaceError
+from tests._nodes import attention_node
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
 
 
 def node(**attrs) -> Node:
     attrs.setdefault("num_heads", 4)
-    return Node("Attention", "pkg.nxrt", attrs, ["q", "k", "v"], ["o"])
+    return attention_node(attrs)
 
 
 def fake_rt(sm_count: int = 132):
@@ -496,6 +497,7 @@ def test_variant_list():
     assert len({(v.file, v.options) for v in VARIANTS}) == len(VARIANTS)
 
 
+@pytest.mark.slow  # the `compiled` fixture builds every variant twice: minutes on two cores
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("v", VARIANTS, ids=lambda v: f"{v.module}[{','.join(map(str, v.defines.values()))}]")
 def test_variant_compiles(v, arch, compiled):

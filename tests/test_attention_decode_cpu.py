@@ -30,13 +30,10 @@ from attnrt.ops.attention import (
 from attnrt.runtime import compiler
 from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError
+from tests._attention_util import dec
+from tests._nodes import attention_node
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
-
-
-def dec(**kw) -> AttentionConfig:
-    """A config that forces the single-kernel decode path."""
-    return AttentionConfig(path="decode", **kw)
 
 
 def attrs(H=32, Hkv=8, **kw) -> Attrs:
@@ -45,8 +42,7 @@ def attrs(H=32, Hkv=8, **kw) -> Attrs:
 
 
 def node(H=32, Hkv=8, mask=False, **a) -> Node:
-    return Node("Attention", "pkg.nxrt", {"num_heads": H, "kv_num_heads": Hkv, **a},
-                ["q", "k", "v", "mask"] if mask else ["q", "k", "v"], ["o"])
+    return attention_node({"num_heads": H, "kv_num_heads": Hkv, **a}, mask)
 
 
 @pytest.fixture

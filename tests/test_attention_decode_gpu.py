@@ -10,16 +10,11 @@ import pytest
 
 from attnrt.ops.attention import AttentionConfig, AttentionKernel, builds
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
-from tests._attention_util import Buffers, check, host_inputs, make_node
+from tests._attention_util import Buffers, check, dec, host_inputs, make_node
 
 pytestmark = pytest.mark.gpu
 
 F16, BF16 = DataType.FLOAT16, DataType.BFLOAT16
-
-
-def dec(**kw) -> AttentionConfig:
-    """A config that forces the single-kernel decode path."""
-    return AttentionConfig(path="decode", **kw)
 
 
 class Call:

@@ -20,6 +20,7 @@ from attnrt.ops.attention import AttentionConfig, AttentionFactory, parse_attrib
 from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError
 from tests._fakes import FakeRuntime
+from tests._nodes import attention_node
 
 F32 = DataType.FLOAT
 B, H, HKV, SQ, SK, D = 2, 4, 2, 3, 5, 8
@@ -27,8 +28,7 @@ Q_SHAPE, KV_SHAPE = (B, H, SQ, D), (B, HKV, SK, D)
 
 
 def make_node(mask: bool = True, **attrs: Any) -> Node:
-    return Node("Attention", "pkg.nxrt", {"num_heads": H, "kv_num_heads": HKV, **attrs},
-                ["q", "k", "v"] + (["mask"] if mask else []), ["o"])
+    return attention_node({"num_heads": H, "kv_num_heads": HKV, **attrs}, mask)
 
 
 def make_case(*, mask: bool = True, seed: int = 37, config: AttentionConfig | None = None,

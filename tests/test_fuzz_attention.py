@@ -1,7 +1,8 @@
 """Fuzzing ``pkg.nxrt::Attention``: random valid and invalid nodes and inputs (hypothesis).
 
 CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRuntime`, which
-hands out fake pointers and records launches without running them.
+hands out fake pointers and records launches without running them. The properties are the
+shared harness's (:mod:`tests._fuzz`); this module holds Attention's strategies and mutations.
 
 - Valid cases are claimed (``unsupported_reason`` is None), plan and execute, and every
   launch is one the driver would take (grid, block, shared memory, argument kinds, pointers
@@ -12,6 +13,10 @@ hands out fake pointers and records launches without running them.
 - Oversized cases (one dim at or past 2**16 / 2**31 / 2**32) are refused by planning
   (``workspace_requirement`` or earlier) or run with legal launches; never an
   ``OverflowError`` or a refusal that only ``execute`` notices.
+- Issue 37's classes (``ISSUE37``: numpy/float dims, strides past the pointer range, output
+  overlap, absent slots and wrong objects, extra slots/attributes and a wrong op, float32
+  attributes) over the full path: a typed error or success as the class predicts, and the
+  reference refuses a bad node with the kernel's error.
 
 GPU half (``TestDevice``, marked gpu): random valid cases on the device against
 ``attnrt.ops.reference`` (bounded: head dims 24/64, small shapes).
@@ -27,16 +32,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from attnrt.ops.attention import AttentionConfig, AttentionFactory, parse_attributes, reference
 from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
-from attnrt.runtime.errors import KernelError, Unsupported
-from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
+from attnrt.runtime.errors import KernelError
+from tests._fakes import GPU_SETTINGS, FakeRuntime
+from tests._fuzz import BIG, DROP, OpFuzz, attempt, attr_mutation, host_tests, remember, reshaped, retyped
+from tests._nodes import attention_node
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
-TYPED = (KernelError, Unsupported, ValueError)
 
 
 # --------------------------------------------------------------------------- specs
@@ -62,8 +68,7 @@ class Spec:
 
     @property
     def node(self) -> Node:
-        names = ["q", "k", "v"] + (["mask"] if self.planes else [])
-        return Node("Attention", "pkg.nxrt", dict(self.attrs), names, ["o"])
+        return attention_node(dict(self.attrs), bool(self.planes))
 
     def shape(self, i: int) -> tuple[int, ...]:
         if i in (0, 3):
@@ -169,72 +174,18 @@ def build(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
                            empty=s.B * s.H * s.Sq * s.D == 0)
 
 
-def _absent(t: Any) -> bool:
-    return t is None or getattr(t, "absent", False)
-
-
-def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
-    """Factory -> create -> workspace_requirement -> execute, as an executor would.
-
-    Returns the stage that refused (and the error), or (None, None).
-    """
-    stage = "create"
-    try:
-        fac = AttentionFactory(rt, AttentionConfig(**case.kw))
-        kern = fac.create(case.node, [None if _absent(t) else t.shape for t in case.inputs])
-        stage = "workspace"
-        req = kern.workspace_requirement([None if _absent(t) else t.meta for t in case.inputs])
-        ws = None
-        if req.nbytes and case.use_ws:
-            ws = WorkspaceView(rt.address(req.nbytes), req.nbytes)
-        stage = "execute"
-        kern.execute(case.inputs, case.outputs, ws)
-    except TYPED as exc:
-        return stage, exc
-    return None, None
-
-
-def claim(rt: FakeRuntime, case: SimpleNamespace) -> str | None:
-    return AttentionFactory(rt).unsupported_reason(
-        case.node, [None if _absent(t) else t.shape for t in case.inputs],
-        [None if _absent(t) else t.dtype for t in case.inputs])
-
-
-def with_shape(t: TensorView, shape: tuple[int, ...]) -> TensorView:
-    return type(t)(t.ptr, t.dtype, shape)
-
-
-def with_dtype(t: TensorView, dtype: DataType) -> TensorView:
-    return type(t)(t.ptr, dtype, t.shape, t.strides)
-
-
 # Each mutation breaks exactly one rule of a valid case; it returns its kind:
-# "attr" (refused at claim time too) or "input" (refused by the kernel).
-def _m_attr(name: str, values: list, label: str = "") -> Any:
-    def f(case: SimpleNamespace, data: Any, s: Spec) -> str:
-        v = data.draw(st.sampled_from(values), label=name)
-        if v is _DROP:
-            case.node.attributes.pop(name, None)
-        else:
-            case.node.attributes[name] = v
-        return "attr"
-    f.__name__ = f"attr_{name}{label}"
-    return f
-
-
-_DROP = object()
-
-
+# "claim" (refused at claim time too) or "input" (refused by the kernel).
 def _m_kv_not_divisor(case: SimpleNamespace, data: Any, s: Spec) -> str:
     case.node.attributes["kv_num_heads"] = s.H + 1
-    return "attr"
+    return "claim"
 
 
 def _m_rank(case: SimpleNamespace, data: Any, s: Spec) -> str:
     i = data.draw(st.integers(0, 2), label="input")
     t = case.inputs[i]
     shape = data.draw(st.sampled_from([t.shape[:3], t.shape + (1,), t.shape[1:]]), label="shape")
-    case.inputs[i] = with_shape(t, shape)
+    case.inputs[i] = reshaped(t, shape)
     return "input"
 
 
@@ -243,24 +194,24 @@ def _m_dim(case: SimpleNamespace, data: Any, s: Spec) -> str:
                                        "out_shape"]), label="dim")
     q, k, v = case.inputs[:3]
     if which == "q_heads":
-        case.inputs[0] = with_shape(q, (s.B, s.H + 1, s.Sq, s.D))
+        case.inputs[0] = reshaped(q, (s.B, s.H + 1, s.Sq, s.D))
     elif which == "k_batch":
-        case.inputs[1] = with_shape(k, (s.B + 1, s.Hkv, s.Sk, s.D))
-        case.inputs[2] = with_shape(v, (s.B + 1, s.Hkv, s.Sk, s.D))
+        case.inputs[1] = reshaped(k, (s.B + 1, s.Hkv, s.Sk, s.D))
+        case.inputs[2] = reshaped(v, (s.B + 1, s.Hkv, s.Sk, s.D))
     elif which == "k_heads":
-        case.inputs[1] = with_shape(k, (s.B, s.Hkv + 1, s.Sk, s.D))
-        case.inputs[2] = with_shape(v, (s.B, s.Hkv + 1, s.Sk, s.D))
+        case.inputs[1] = reshaped(k, (s.B, s.Hkv + 1, s.Sk, s.D))
+        case.inputs[2] = reshaped(v, (s.B, s.Hkv + 1, s.Sk, s.D))
     elif which == "k_dim":
-        case.inputs[1] = with_shape(k, (s.B, s.Hkv, s.Sk, s.D + 1))
+        case.inputs[1] = reshaped(k, (s.B, s.Hkv, s.Sk, s.D + 1))
     elif which == "v_len":
-        case.inputs[2] = with_shape(v, (s.B, s.Hkv, s.Sk + 1, s.D))
+        case.inputs[2] = reshaped(v, (s.B, s.Hkv, s.Sk + 1, s.D))
     elif which == "v_dim":
-        case.inputs[2] = with_shape(v, (s.B, s.Hkv, s.Sk, s.D + 8))
+        case.inputs[2] = reshaped(v, (s.B, s.Hkv, s.Sk, s.D + 8))
     else:
         o = case.outputs[0]
         bad = data.draw(st.sampled_from([(s.B, s.H, s.Sq + 1, s.D), (s.B, s.H, s.Sq, s.D + 1),
                                          (s.B, s.H * s.Sq * s.D)]), label="out")
-        case.outputs[0] = with_shape(o, bad)
+        case.outputs[0] = reshaped(o, bad)
     return "input"
 
 
@@ -277,14 +228,14 @@ def _m_mask_size(case: SimpleNamespace, data: Any, s: Spec) -> str:
     if mask is None:
         case.inputs.append(TensorView(case.inputs[0].ptr, s.dtype, shape))
     else:
-        case.inputs[3] = with_shape(mask, shape)
+        case.inputs[3] = reshaped(mask, shape)
     return "input"
 
 
 def _m_q_dtype(case: SimpleNamespace, data: Any, s: Spec) -> str:
     dt = data.draw(st.sampled_from([DataType.INT32, DataType.DOUBLE, DataType.INT64, DataType.UINT8,
                                     DataType.BOOL]), label="dtype")
-    case.inputs[0] = with_dtype(case.inputs[0], dt)
+    case.inputs[0] = retyped(case.inputs[0], dt)
     return "input"
 
 
@@ -294,10 +245,10 @@ def _m_other_dtype(case: SimpleNamespace, data: Any, s: Spec) -> str:
     other = data.draw(st.sampled_from([d for d in (F32, F16, BF16, DataType.INT32) if d != s.dtype]),
                       label="dtype")
     if which == "out":
-        case.outputs[0] = with_dtype(case.outputs[0], other)
+        case.outputs[0] = retyped(case.outputs[0], other)
     else:
         i = {"k": 1, "v": 2, "mask": 3}[which]
-        case.inputs[i] = with_dtype(case.inputs[i], other)
+        case.inputs[i] = retyped(case.inputs[i], other)
     return "input"
 
 
@@ -354,7 +305,7 @@ def _m_forced_fused_big_d(case: SimpleNamespace, data: Any, s: Spec) -> str:
     D = data.draw(st.integers(257, 600), label="D")
     for i in range(3):
         t = case.inputs[i]
-        case.inputs[i] = with_shape(t, t.shape[:3] + (D,))
+        case.inputs[i] = reshaped(t, t.shape[:3] + (D,))
     case.outputs[0] = TensorMut(case.outputs[0].ptr, s.dtype, (s.B, s.H, s.Sq, D))
     case.kw["path"] = data.draw(st.sampled_from(["fused", "simt"]), label="path")
     return "input"
@@ -379,88 +330,28 @@ def _m_positions(case: SimpleNamespace, data: Any, s: Spec) -> str:
 
 
 MUTATIONS = [
-    _m_attr("num_heads", [0, -1, _DROP, 2.5, "4", True]),
+    attr_mutation("num_heads", [0, -1, DROP, 2.5, "4", True]),
     _m_kv_not_divisor,
-    _m_attr("kv_num_heads", [0, -2]),
-    _m_attr("causal", [2, -1, 1.0]),
-    _m_attr("scale", [0.0, -1.0, math.nan, math.inf, -math.inf, "x"]),
-    _m_attr("scale", [1e39, 1e300], "_beyond_float32"),
-    _m_attr("softcap", [-1.0, math.nan, math.inf]),
-    _m_attr("softcap", [1e39, 1e300], "_beyond_float32"),
-    _m_attr("local_window_size", [-2, -100, 1.5]),
+    attr_mutation("kv_num_heads", [0, -2]),
+    attr_mutation("causal", [2, -1, 1.0]),
+    attr_mutation("scale", [0.0, -1.0, math.nan, math.inf, -math.inf, "x"]),
+    attr_mutation("scale", [1e39, 1e300], label="_beyond_float32"),
+    attr_mutation("softcap", [-1.0, math.nan, math.inf]),
+    attr_mutation("softcap", [1e39, 1e300], label="_beyond_float32"),
+    attr_mutation("local_window_size", [-2, -100, 1.5]),
     _m_rank, _m_dim, _m_mask_size, _m_q_dtype, _m_other_dtype, _m_absent, _m_arity,
     _m_head_dim_stride, _m_mask_strided, _m_forced_fused_big_d, _m_bad_factory_args,
     _m_positions,
 ]
 
 
-BIG = [65535, 65536, 2**31 - 1, 2**31, 2**31 + 5, 2**32 + 3]
 BIG_FIELDS = ["B", "H", "Hkv", "Sq", "Sk", "D"]
-
-
-# --------------------------------------------------------------------------- CPU properties
-class TestHost:
-    """No GPU: the fake runtime records launches and refuses illegal ones."""
-
-    @CPU_SETTINGS
-    @given(s=specs())
-    def test_valid_cases_are_claimed_and_launch_legally(self, s: Spec) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        assert claim(rt, case) is None
-        stage, err = attempt(rt, case)
-        assert err is None, f"valid case refused at {stage}: {err}"
-        assert (rt.launch_count > 0) == (not case.empty), rt.names()
-        assert rt.memory_stats().live_bytes == 0
-        out = case.outputs[0].ptr
-        if not case.empty:
-            assert any(out in x.args for x in rt.launches), "no launch was given the output"
-
-    @pytest.mark.parametrize("mutate", MUTATIONS, ids=lambda m: m.__name__)
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_invalid_cases_are_refused_before_any_launch(self, mutate: Any, s: Spec, data: Any) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        kind = mutate(case, data, s)
-        stage, err = attempt(rt, case)
-        assert err is not None, f"{mutate.__name__}: accepted ({rt.names()})"
-        assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before: {err}"
-        assert rt.memory_stats().live_bytes == 0
-        if kind == "attr":
-            assert claim(rt, case) is not None, f"{mutate.__name__}: claimed despite {err}"
-
-    @pytest.mark.parametrize("field", BIG_FIELDS)
-    @settings(CPU_SETTINGS, max_examples=40)
-    @given(data=st.data())
-    def test_oversized_dims_are_refused_by_planning_or_launch_legally(self, field: str,
-                                                                      data: Any) -> None:
-        s = data.draw(big_specs(field))
-        rt = FakeRuntime()
-        case = build(rt, s)
-        case.use_ws = True  # executor style: the planned workspace is always provided
-        stage, err = attempt(rt, case)
-        if err is not None:
-            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
-            assert stage in ("create", "workspace"), (
-                f"only execute refused it ({err}); workspace_requirement planned it")
-
-    def test_eager_unfused_refuses_grid_limits_before_allocating(self) -> None:
-        # B*H = 65536 rows of heads exceed the unfused grid: KernelError, and nothing may be
-        # allocated first (at real sizes the scores buffer alone can be out of memory).
-        rt = FakeRuntime(memory_bytes=1 << 30)
-        s = Spec(BF16, 1, 65536, 65536, 64, 4096, 320, (("num_heads", 65536),), 0, "3d",
-                 ("contig",) * 4, "auto", None, False)
-        case = build(rt, s)
-        stage, err = attempt(rt, case)
-        assert isinstance(err, KernelError), f"{stage}: {type(err).__name__}: {err}"
-        assert rt.launch_count == 0
 
 
 # --------------------------------------------------------------------------- issue 37
 # Each class turns a valid case into one of the bad-input classes and returns what must
-# happen: "ok" (runs), "typed" (KernelError/Unsupported/ValueError), "type" (TypeError),
-# "claim" (unsupported_reason declines too).
+# happen (a set, see tests._fuzz.OpFuzz): "ok" (runs), "refuse" (KernelError/Unsupported/
+# ValueError/TypeError), "type" (TypeError), "claim" (unsupported_reason declines too).
 _NP_INTS = (np.int16, np.int32, np.int64, np.uint32)
 
 
@@ -469,13 +360,13 @@ def _c_dims(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     if data.draw(st.booleans(), label="numpy"):  # same verdict as Python ints: claimed, runs
         top = max(max(x, default=0) for x in shapes)
         cast = data.draw(st.sampled_from([c for c in _NP_INTS + (np.int8,) if top <= np.iinfo(c).max]))
-        case.claim_shapes = [tuple(cast(d) for d in x) for x in shapes]
+        case.shapes = [tuple(cast(d) for d in x) for x in shapes]
         return {"ok"}
     i = data.draw(st.integers(0, len(shapes) - 1), label="input")
     a = data.draw(st.integers(0, len(shapes[i]) - 1), label="axis")
     bad = data.draw(st.sampled_from([float(shapes[i][a]), shapes[i][a] + 0.5, True]), label="bad")
-    case.claim_shapes = list(shapes)
-    case.claim_shapes[i] = shapes[i][:a] + (bad,) + shapes[i][a + 1:]
+    case.shapes = list(shapes)
+    case.shapes[i] = shapes[i][:a] + (bad,) + shapes[i][a + 1:]
     return {"ok", "claim"}  # the claim declines; the (integer) views still run
 
 
@@ -491,7 +382,7 @@ def _c_strides(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     st_[data.draw(st.sampled_from(axes), label="axis")] = data.draw(
         st.sampled_from([2**62, 2**63 - 1, 2**63, 2**64, -(2**62)]), label="stride")
     views[i] = type(t)(t.ptr, t.dtype, t.shape, tuple(st_))
-    return {"typed"}
+    return {"refuse"}
 
 
 def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -506,7 +397,7 @@ def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
         off = data.draw(st.sampled_from([0, t.dtype.itemsize, t.nbytes // 2]), label="offset")
         assume(off < t.nbytes)
         case.outputs[0] = TensorMut(t.ptr + off, o.dtype, o.shape)
-        return {"typed"}
+        return {"refuse"}
     if kind == "s_below_d":
         assume(s.Sq > 1 and s.D > 1)
         st_[2] = data.draw(st.integers(1, s.D - 1), label="s_stride")
@@ -515,7 +406,7 @@ def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
         assume(axes)
         st_[data.draw(st.sampled_from(axes), label="axis")] = 0
     case.outputs[0] = TensorMut(o.ptr, o.dtype, o.shape, tuple(st_))
-    return {"typed"}
+    return {"refuse"}
 
 
 def _c_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -526,17 +417,17 @@ def _c_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
         return {"ok"}
     if kind == "outputs":
         case.outputs = data.draw(st.sampled_from([[None], [], [TensorView.absent_slot()]]), label="o")
-        return {"typed"}
+        return {"refuse"}
     if kind == "raw_shapes":
         case.metas = [t.shape for t in case.inputs]
-        return {"type"}
+        return {"refuse", "type"}
     group = data.draw(st.sampled_from(["inputs", "outputs"]), label="group")
     views = getattr(case, group)
     i = data.draw(st.integers(0, len(views) - 1), label="slot")
     t = views[i]
     views[i] = t.meta if kind == "meta" else data.draw(
         st.sampled_from(["q", 12345, tuple(t.shape), np.zeros(3)]), label="junk")
-    return {"type"}
+    return {"refuse", "type"}
 
 
 def _c_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -562,9 +453,9 @@ def _c_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
             case.inputs = (case.inputs + [case.inputs[0]] * 2)[:5]
         else:
             case.outputs = case.outputs * 2
-        return {"typed"}
+        return {"refuse"}
     case.reference_too = True
-    return {"typed", "claim"}
+    return {"refuse", "claim"}
 
 
 def _c_float32(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -578,96 +469,37 @@ def _c_float32(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
         f32 = float(np.float32(v))
     ok = math.isfinite(f32) and (f32 > 0 if name == "scale" else f32 >= 0)
     case.float32 = (name, f32) if ok else None
-    return {"ok"} if ok else {"typed", "claim"}
+    return {"ok"} if ok else {"refuse", "claim"}
 
 
 ISSUE37 = [_c_dims, _c_strides, _c_overlap, _c_objects, _c_node, _c_float32]
 
 
-def _spans(views: list) -> list[tuple[int, int]]:
-    return [(t.ptr, t.nbytes) for t in views if isinstance(t, TensorView) and not t.absent
-            and t.nbytes and 0 < t.ptr < 2**64]
+def _case37(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
+    case = build(rt, s)
+    for o in case.outputs:  # distinct bytes, so that a write into an output shows
+        if rt.read(o.ptr, o.nbytes) is not None:
+            rt.write(o.ptr, np.full(o.nbytes, 0xCD, np.uint8))
+    remember(ATTENTION, case)  # the node's shapes, before execute's objects
+    case.reference_too, case.float32 = False, None
+    return case
 
 
-def _backed(rt: FakeRuntime, spans: list[tuple[int, int]]) -> list[bytes | None]:
-    out = []
-    for ptr, n in spans:
-        b = rt.read(ptr, n) if ptr + n < 2**64 else None
-        out.append(None if b is None else b.tobytes())
-    return out
+def _check37(rt: FakeRuntime, case: SimpleNamespace, s: Spec, err: BaseException | None) -> None:
+    if case.float32 is not None:  # one float32 value for the kernel and the reference
+        name, f32 = case.float32
+        assert getattr(parse_attributes(case.node), name) == f32
+        if not case.empty:
+            args = [a for x in rt.launches for a in x.args if isinstance(a, np.float32)]
+            assert np.float32(f32) in args, (name, f32, args)
+    if case.reference_too and err is not None:  # the reference refuses as the kernel does
+        host = [np.empty(t.shape, s.dtype.numpy) for t in case.inputs]
+        with pytest.raises(type(err)) as got:
+            reference.attention(case.node, host)
+        assert str(got.value) == str(err)
 
 
-def full_path(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
-    """create, workspace_requirement, execute (a 0xA5-filled workspace when the fake backs
-    it); only typed errors and TypeError come back, and a refused execute changed nothing."""
-    spans = _spans(case.inputs + case.outputs)
-    stage, kern = "create", None
-    try:
-        kern = AttentionFactory(rt, AttentionConfig(**case.kw)).create(case.node)
-        stage = "workspace"
-        metas = case.metas if case.metas is not None else [  # junk goes to both calls
-            t.meta if isinstance(t, TensorView) and not t.absent else None if _absent(t) else t
-            for t in case.inputs]
-        req = kern.workspace_requirement(metas)
-        ws = None
-        if req.nbytes and case.use_ws:
-            ws = WorkspaceView(rt.address(req.nbytes), req.nbytes)
-            spans.append((ws.ptr, ws.nbytes))
-        before = _backed(rt, spans)
-        stage = "execute"
-        try:
-            kern.execute(case.inputs, case.outputs, ws)
-        except (*TYPED, TypeError):
-            assert _backed(rt, spans) == before, "a refused execute changed a buffer"
-            raise
-    except (*TYPED, TypeError) as exc:
-        return stage, exc
-    finally:
-        if kern is not None:
-            kern.close()
-    return None, None
-
-
-class TestIssue37:
-    """The bad-input classes over the full path (claim, create, workspace, execute) on the
-    fake runtime, and the reference where the node is at fault."""
-
-    @pytest.mark.parametrize("cls", ISSUE37, ids=lambda m: m.__name__[3:])
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_class_gives_typed_error_or_success(self, cls: Any, s: Spec, data: Any) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        for o in case.outputs:  # distinct bytes, so that a write into an output shows
-            if rt.read(o.ptr, o.nbytes) is not None:
-                rt.write(o.ptr, np.full(o.nbytes, 0xCD, np.uint8))
-        case.claim_shapes, case.metas, case.reference_too, case.float32 = None, None, False, None
-        shapes = [t.shape for t in case.inputs]  # the node's shapes, before execute's objects
-        want = cls(case, data, s)
-        shapes = case.claim_shapes or shapes
-        reason = AttentionFactory(rt).unsupported_reason(case.node, shapes, [s.dtype] * len(shapes))
-        assert (reason is not None) == ("claim" in want), reason
-        stage, err = full_path(rt, case)
-        if "ok" in want:
-            assert err is None, f"refused at {stage}: {type(err).__name__}: {err}"
-        else:
-            assert err is not None, f"accepted ({rt.names()})"
-            assert isinstance(err, TypeError) == ("type" in want), f"{type(err).__name__}: {err}"
-            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
-        assert rt.memory_stats().live_bytes == 0
-        if case.float32 is not None:  # one float32 value for the kernel and the reference
-            name, f32 = case.float32
-            assert getattr(parse_attributes(case.node), name) == f32
-            if not case.empty:
-                args = [a for x in rt.launches for a in x.args if isinstance(a, np.float32)]
-                assert np.float32(f32) in args, (name, f32, args)
-        if case.reference_too and err is not None:  # the reference refuses as the kernel does
-            host = [np.empty(t.shape, s.dtype.numpy) for t in case.inputs]
-            with pytest.raises(type(err)) as got:
-                reference.attention(case.node, host)
-            assert str(got.value) == str(err)
-
-
+# --------------------------------------------------------------------------- oversized cases
 @st.composite
 def big_specs(draw: Any, field: str) -> Spec:
     v = draw(st.sampled_from(BIG))
@@ -692,6 +524,35 @@ def big_specs(draw: Any, field: str) -> Spec:
     path = draw(st.sampled_from(["auto", "unfused"] + (["fused"] if d["D"] <= 256 else [])))
     return Spec(dtype, d["B"], d["H"], d["Hkv"], d["Sq"], d["Sk"], d["D"],
                 tuple(sorted(attrs.items())), 0, "3d", ("contig",) * 4, path, None, True)
+
+
+# --------------------------------------------------------------------------- CPU properties
+def _check_valid(rt: FakeRuntime, case: SimpleNamespace, s: Spec) -> None:
+    assert (rt.launch_count > 0) == (not case.empty), rt.names()
+    if not case.empty:
+        assert any(case.outputs[0].ptr in x.args for x in rt.launches), "no launch was given the output"
+
+
+ATTENTION = OpFuzz(
+    factory=AttentionFactory, config=AttentionConfig, specs=specs, build=build,
+    check_valid=_check_valid, mutations=MUTATIONS, big_fields=BIG_FIELDS, big_specs=big_specs,
+    closes=True, classes=ISSUE37, case37=_case37, check37=_check37, create_with_shapes=False,
+    claim_verdicts=True, exact_type_errors=True)
+
+
+class TestHost(host_tests(ATTENTION)):
+    """No GPU: the shared properties and the issue-37 classes (tests._fuzz), then Attention's own."""
+
+    def test_eager_unfused_refuses_grid_limits_before_allocating(self) -> None:
+        # B*H = 65536 rows of heads exceed the unfused grid: KernelError, and nothing may be
+        # allocated first (at real sizes the scores buffer alone can be out of memory).
+        rt = FakeRuntime(memory_bytes=1 << 30)
+        s = Spec(BF16, 1, 65536, 65536, 64, 4096, 320, (("num_heads", 65536),), 0, "3d",
+                 ("contig",) * 4, "auto", None, False)
+        case = build(rt, s)
+        stage, err = attempt(ATTENTION, rt, case)
+        assert isinstance(err, KernelError), f"{stage}: {type(err).__name__}: {err}"
+        assert rt.launch_count == 0
 
 
 # --------------------------------------------------------------------------- GPU half

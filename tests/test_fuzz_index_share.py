@@ -1,9 +1,9 @@
 """Fuzzing ``pkg.nxrt::IndexShare``: random valid and invalid calls (hypothesis).
 
-CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRuntime`; the
-``selected_indices`` the op reads back are real (registered with the fake), and in
-fixed-capacity mode a hook plays the frontier kernel (it writes the valid lengths the bias
-carries, as ``capacity_valid_lengths`` computes them).
+CPU half (runs in CI, no GPU): the shared harness (:mod:`tests._fuzz`) runs the op against
+:class:`tests._fakes.FakeRuntime`; the ``selected_indices`` the op reads back are real
+(registered with the fake), and in fixed-capacity mode a hook plays the frontier kernel
+(it writes the valid lengths the bias carries, as ``capacity_valid_lengths`` computes them).
 
 - Valid cases (every present mode, GQA/MHA index heads, bias ranks 1-4, int32/int64
   indices, the in-place capacity cache, forced paths, with and without a workspace) are
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from attnrt.ops.index_share import (
@@ -47,12 +47,22 @@ from attnrt.ops.index_share import (
 )
 from attnrt.ops.index_share.schema import _max_head_size
 from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
-from attnrt.runtime.errors import KernelError, Unsupported
-from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
+from tests._fakes import GPU_SETTINGS, FakeRuntime
+from tests._fuzz import (
+    BIG,
+    DROP,
+    OpFuzz,
+    absent,
+    attr_mutation,
+    host_tests,
+    remember,
+    reshaped,
+    retyped,
+)
+from tests._nodes import index_share_node
 
 F32, F16, BF16 = DataType.FLOAT, DataType.FLOAT16, DataType.BFLOAT16
 I32, I64 = DataType.INT32, DataType.INT64
-TYPED = (KernelError, Unsupported, ValueError)
 
 
 # --------------------------------------------------------------------------- specs
@@ -92,8 +102,7 @@ class Spec:
         attrs: dict[str, Any] = {"num_heads": self.N, "kv_num_heads": self.Nkv}
         if self.scale is not None:
             attrs["scale"] = self.scale
-        outs = ["y"] if self.mode == "none" else ["y", "pk_out", "pv_out"]
-        return Node("IndexShare", "pkg.nxrt", attrs, ["q", "k", "v", "pk", "pv", "idx", "b"], outs)
+        return index_share_node(attrs, 1 if self.mode == "none" else 3)
 
     def shapes(self) -> list[tuple[int, ...] | None]:
         q = (self.B, self.N, self.Sq, self.H)
@@ -212,66 +221,13 @@ def build(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
     if s.mode == "capacity":
         lens = np.broadcast_to(np.asarray(bounds, dtype=np.int32), (s.B,)).copy()
         rt.on_launch["is_frontier"] = lambda args: rt.write(args[1], lens)
-    return SimpleNamespace(node=s.node(), inputs=ins, outputs=outs, path=s.path,
+    return SimpleNamespace(node=s.node(), inputs=ins, outputs=outs, kw={"path": s.path},
                            use_ws=s.use_ws, host=host, bounds=bounds)
-
-
-def _absent(t: Any) -> bool:
-    return t is None or getattr(t, "absent", False)
-
-
-def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
-    stage, kern = "create", None
-    try:
-        kern = IndexShareFactory(rt, IndexShareConfig(path=case.path)).create(
-            case.node, [None if _absent(t) else t.shape for t in case.inputs])
-        stage = "workspace"
-        req = kern.workspace_requirement([None if _absent(t) else t.meta for t in case.inputs])
-        ws = None
-        if req.nbytes and case.use_ws:
-            ws = WorkspaceView(rt.address(req.nbytes), req.nbytes)
-        stage = "execute"
-        kern.execute(case.inputs, case.outputs, ws)
-    except TYPED as exc:
-        return stage, exc
-    finally:
-        if kern is not None:
-            kern.close()
-    return None, None
-
-
-def claim(rt: FakeRuntime, case: SimpleNamespace) -> str | None:
-    return IndexShareFactory(rt).unsupported_reason(
-        case.node, [None if _absent(t) else t.shape for t in case.inputs],
-        [None if _absent(t) else t.dtype for t in case.inputs])
-
-
-def reshaped(t: Any, shape: tuple[int, ...]) -> Any:
-    return type(t)(t.ptr, t.dtype, shape)
-
-
-def retyped(t: Any, dtype: DataType) -> Any:
-    return type(t)(t.ptr, dtype, t.shape, t.strides)
 
 
 # --------------------------------------------------------------------------- mutations
 # Each breaks one rule and returns "claim" (declined at claim time too), "input" (refused
 # by the kernel) or "indices" (a selected_indices value rule: SelectedIndicesError).
-_DROP = object()
-
-
-def _m_attr(name: str, values: list, label: str = "") -> Any:
-    def f(case: SimpleNamespace, data: Any, s: Spec) -> str:
-        v = data.draw(st.sampled_from(values), label=name)
-        if v is _DROP:
-            case.node.attributes.pop(name, None)
-        else:
-            case.node.attributes[name] = v
-        return "claim"
-    f.__name__ = f"attr_{name}{label}"
-    return f
-
-
 def _m_kv_not_divisor(case: SimpleNamespace, data: Any, s: Spec) -> str:
     case.node.attributes["kv_num_heads"] = s.N + 1
     return "claim"
@@ -309,7 +265,7 @@ def _m_half_past(case: SimpleNamespace, data: Any, s: Spec) -> str:
 
 
 def _m_dtype(case: SimpleNamespace, data: Any, s: Spec) -> str:
-    cands = [i for i in (0, 1, 2, 3, 4, 6) if not _absent(case.inputs[i])]
+    cands = [i for i in (0, 1, 2, 3, 4, 6) if not absent(case.inputs[i])]
     i = data.draw(st.sampled_from(cands), label="input")
     bad = [d for d in (F32, F16, BF16, DataType.INT32, DataType.DOUBLE) if d != s.dtype]
     case.inputs[i] = retyped(case.inputs[i], data.draw(st.sampled_from(bad), label="dtype"))
@@ -357,7 +313,7 @@ def _m_capacity_without_bias(case: SimpleNamespace, data: Any, s: Spec) -> str:
 
 
 def _m_strided(case: SimpleNamespace, data: Any, s: Spec) -> str:
-    cands = [i for i, t in enumerate(case.inputs) if not _absent(t) and t.numel > 1
+    cands = [i for i, t in enumerate(case.inputs) if not absent(t) and t.numel > 1
              and t.shape[-1] > 1]
     assume(cands)
     i = data.draw(st.sampled_from(cands), label="input")
@@ -452,7 +408,7 @@ def _m_path(case: SimpleNamespace, data: Any, s: Spec) -> str:
     which = data.draw(st.sampled_from(["bogus", "mma"]), label="path")
     if which == "mma":
         assume(not _mma_eligible(s.dtype, s.H, s.hi, s.N // s.Nkv))
-    case.path = {"bogus": "fastest", "mma": "mma"}[which]
+    case.kw["path"] = {"bogus": "fastest", "mma": "mma"}[which]
     return "input"
 
 
@@ -460,79 +416,28 @@ def _m_head_size(case: SimpleNamespace, data: Any, s: Spec) -> str:
     H = _max_head_size(s.dtype, 512) + data.draw(st.sampled_from([16, 64]), label="extra")
     for i in (0, 1, 2, 3, 4):
         t = case.inputs[i]
-        if not _absent(t):
+        if not absent(t):
             case.inputs[i] = reshaped(t, t.shape[:3] + (H,))
-    case.outputs = [reshaped(o, o.shape[:3] + (H,)) if not _absent(o) else o for o in case.outputs]
+    case.outputs = [reshaped(o, o.shape[:3] + (H,)) if not absent(o) else o for o in case.outputs]
     return "claim"
 
 
 MUTATIONS = [
-    _m_attr("num_heads", [0, -1, _DROP, 2.0, "4", True]),
-    _m_attr("kv_num_heads", [0, -2, 1.5]),
+    attr_mutation("num_heads", [0, -1, DROP, 2.0, "4", True]),
+    attr_mutation("kv_num_heads", [0, -2, 1.5]),
     _m_kv_not_divisor,
-    _m_attr("scale", [0.0, -1.0, math.nan, math.inf, "x"]),
-    _m_attr("scale", [1e39, 1e300], "_beyond_float32"),
+    attr_mutation("scale", [0.0, -1.0, math.nan, math.inf, "x"]),
+    attr_mutation("scale", [1e39, 1e300], label="_beyond_float32"),
     _m_arity, _m_required_absent, _m_required_absent_in_node, _m_half_past, _m_dtype,
     _m_index_dtype, _m_shape,
     _m_capacity_without_bias, _m_strided, _m_output, _m_indices, _m_path, _m_head_size,
 ]
 
 
-BIG = [65535, 65536, 2**31 - 1, 2**31, 2**31 + 5, 2**32 + 3]
 BIG_FIELDS = ["B", "N", "Nkv", "Sq", "cur", "past", "H"]
 
 
 # --------------------------------------------------------------------------- CPU properties
-class TestHost:
-    """No GPU: the fake runtime records launches and refuses illegal ones."""
-
-    @CPU_SETTINGS
-    @given(s=specs())
-    def test_valid_cases_are_claimed_and_launch_legally(self, s: Spec) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        assert claim(rt, case) is None
-        stage, err = attempt(rt, case)
-        assert err is None, f"valid case refused at {stage}: {err}"
-        names = rt.names()
-        if s.Sq:
-            assert any(n.startswith("is_attn_") for n in names), names
-            assert any(case.outputs[0].ptr in x.args for x in rt.launches)
-        assert rt.memory_stats().live_bytes == 0  # close() returned the pool
-
-    @pytest.mark.parametrize("mutate", MUTATIONS, ids=lambda m: m.__name__)
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_invalid_cases_are_refused_before_any_launch(self, mutate: Any, s: Spec, data: Any) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        case.rt = rt
-        kind = mutate(case, data, s)
-        stage, err = attempt(rt, case)
-        assert err is not None, f"{mutate.__name__}: accepted ({rt.names()})"
-        if kind == "indices":
-            assert isinstance(err, SelectedIndicesError), f"{type(err).__name__}: {err}"
-        assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before: {err}"
-        assert rt.memory_stats().live_bytes == 0
-        if kind == "claim":
-            assert claim(rt, case) is not None, f"{mutate.__name__}: claimed despite {err}"
-
-    @pytest.mark.parametrize("field", BIG_FIELDS)
-    @settings(CPU_SETTINGS, max_examples=40)
-    @given(data=st.data())
-    def test_oversized_dims_are_refused_before_launch_or_launch_legally(self, field: str,
-                                                                        data: Any) -> None:
-        s = data.draw(big_specs(field))
-        rt = FakeRuntime()
-        case = build(rt, s)
-        case.use_ws = True
-        stage, err = attempt(rt, case)
-        if err is not None:
-            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
-            assert stage in ("create", "workspace"), (
-                f"only execute refused it ({err}); workspace_requirement planned it")
-
-
 @st.composite
 def big_specs(draw: Any, field: str) -> Spec:
     d = dict(B=1, N=1, Nkv=1, Sq=1, cur=1, past=draw(st.sampled_from([0, 3])), H=8)
@@ -561,34 +466,41 @@ def big_specs(draw: Any, field: str) -> Spec:
                 bias, mode, False, None, True, None, draw(st.integers(0, 2**32 - 1)))
 
 
+def _check_valid(rt: FakeRuntime, case: SimpleNamespace, s: Spec) -> None:
+    if s.Sq:
+        assert any(n.startswith("is_attn_") for n in rt.names()), rt.names()
+        assert any(case.outputs[0].ptr in x.args for x in rt.launches)
+    # (live bytes back to zero: close() returned the pool)
+
+
 # --------------------------------------------------------------------------- issue 37 classes
-# Each class mutation edits a valid case and returns what the full path must do: "ok"
-# (run), "typed" (a KernelError/Unsupported/ValueError), "type" (a TypeError), and whether
-# the claim must decline ("claim").
+# Each class mutation edits a valid case and returns what the full path must do (a set, see
+# tests._fuzz.OpFuzz): "ok" (run), "refuse" (a KernelError/Unsupported/ValueError/TypeError),
+# "type" (a TypeError), and whether the claim must decline ("claim").
 _NP_INTS = (np.int64, np.int32, np.uint32, np.int16)
 
 
 def _c_dims(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     which = data.draw(st.sampled_from(["numpy", "float", "bool"]), label="dims")
-    shapes = [None if _absent(t) else t.shape for t in case.inputs]
+    shapes = [None if absent(t) else t.shape for t in case.inputs]
     if which == "numpy":  # same verdict as Python ints: claimed, runs
         cast = data.draw(st.sampled_from(_NP_INTS + (np.int8,) if max(
             max(x) for x in shapes if x) < 128 else _NP_INTS), label="cast")
-        case.claim_shapes = [None if x is None else tuple(cast(d) for d in x) for x in shapes]
-        case.inputs = [t if _absent(t) else type(t)(t.ptr, t.dtype, tuple(cast(d) for d in t.shape))
+        case.shapes = [None if x is None else tuple(cast(d) for d in x) for x in shapes]
+        case.inputs = [t if absent(t) else type(t)(t.ptr, t.dtype, tuple(cast(d) for d in t.shape))
                        for t in case.inputs]
         return {"ok"}
     i = data.draw(st.sampled_from([i for i, x in enumerate(shapes) if x]), label="input")
     a = data.draw(st.integers(0, len(shapes[i]) - 1), label="axis")
     d = shapes[i][a]
     bad = float(d) + data.draw(st.sampled_from([0.0, 0.5]), label="frac") if which == "float" else True
-    case.claim_shapes = list(shapes)
-    case.claim_shapes[i] = shapes[i][:a] + (bad,) + shapes[i][a + 1:]
+    case.shapes = list(shapes)
+    case.shapes[i] = shapes[i][:a] + (bad,) + shapes[i][a + 1:]
     return {"ok", "claim"}  # the claim declines; the (integer) views still run
 
 
 def _c_strides(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
-    slots = [("in", i) for i, t in enumerate(case.inputs) if not _absent(t) and t.numel > 1]
+    slots = [("in", i) for i, t in enumerate(case.inputs) if not absent(t) and t.numel > 1]
     slots += [("out", i) for i, t in enumerate(case.outputs) if t.numel > 1]
     assume(slots)
     side, i = data.draw(st.sampled_from(slots), label="slot")
@@ -597,13 +509,13 @@ def _c_strides(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     if data.draw(st.booleans(), label="top"):  # bytes running past the top of the address space
         short = data.draw(st.sampled_from([1, t.nbytes // 2, t.nbytes - 1]), label="short")
         group[i] = type(t)(2**64 - short, t.dtype, t.shape)  # needs t.nbytes bytes
-        return {"typed"}
+        return {"refuse"}
     axes = [a for a, d in enumerate(t.shape) if d > 1]
     a = data.draw(st.sampled_from(axes), label="axis")
     st_ = list(t.element_strides)
     st_[a] = data.draw(st.sampled_from([2**61, 2**62, 2**63 - 1, 2**63, 2**64, -(2**62)]), label="stride")
     group[i] = type(t)(t.ptr, t.dtype, t.shape, tuple(st_))
-    return {"typed"}
+    return {"refuse"}
 
 
 def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -617,9 +529,9 @@ def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
         st_ = list(o.element_strides)
         st_[data.draw(st.sampled_from(axes), label="axis")] = 0
         case.outputs[j] = TensorMut(o.ptr, o.dtype, o.shape, tuple(st_))
-        return {"typed"}
+        return {"refuse"}
     group = case.inputs if kind == "input" else [t for n, t in enumerate(case.outputs) if n != j]
-    cands = [t for t in group if not _absent(t) and t.numel > 0]
+    cands = [t for t in group if not absent(t) and t.numel > 0]
     assume(cands)
     t = data.draw(st.sampled_from(cands), label="target")
     off = data.draw(st.sampled_from([0, 0, 1, t.nbytes // 2]), label="offset")
@@ -627,14 +539,14 @@ def _c_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     case.outputs[j] = TensorMut(t.ptr + off, o.dtype, o.shape)
     exact_alias = (s.mode == "capacity" and j in (1, 2) and off == 0 and kind == "input"
                    and t is case.inputs[j + 2])
-    return {"ok"} if exact_alias else {"typed"}
+    return {"ok"} if exact_alias else {"refuse"}
 
 
 def _c_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     kind = data.draw(st.sampled_from(["absent", "input", "output", "raw_meta", "no_y", "attrs"]),
                      label="kind")
     if kind == "absent":  # None and absent_slot() are one representation
-        opt = [i for i in (3, 4, 6) if _absent(case.inputs[i])]
+        opt = [i for i in (3, 4, 6) if absent(case.inputs[i])]
         assume(opt)
         for i in opt:
             case.inputs[i] = data.draw(st.sampled_from([None, TensorView.absent_slot()]), label="as")
@@ -642,20 +554,20 @@ def _c_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     junk = data.draw(st.sampled_from(["meta", "str", "tuple", "int", "ndarray"]), label="junk")
     if kind == "attrs":
         case.node.attributes = data.draw(st.sampled_from([None, [("num_heads", s.N)], (1, 2)]))
-        return {"type", "claim"}
+        return {"refuse", "type", "claim"}
     if kind == "raw_meta":
-        case.metas = [None if _absent(t) else t.shape for t in case.inputs]
-        return {"type"}
+        case.metas = [None if absent(t) else t.shape for t in case.inputs]
+        return {"refuse", "type"}
     if kind == "no_y":
         case.outputs = data.draw(st.sampled_from([[None], [], [None, None, None]]), label="outs")
-        return {"typed"}
+        return {"refuse"}
     group = case.inputs if kind == "input" else case.outputs
     i = data.draw(st.integers(0, len(group) - 1), label="slot")
     t = group[i]
-    meta = t.meta if not _absent(t) else TensorMetadata(s.dtype, (1,))
+    meta = t.meta if not absent(t) else TensorMetadata(s.dtype, (1,))
     group[i] = {"meta": meta, "str": "q", "tuple": tuple(meta.shape), "int": 12345,
                 "ndarray": np.zeros(3)}[junk]
-    return {"type"}
+    return {"refuse", "type"}
 
 
 def _c_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -681,9 +593,9 @@ def _c_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
             case.inputs = case.inputs + [case.inputs[0]] * data.draw(st.integers(1, 2))
         else:
             case.outputs = (case.outputs + [case.outputs[0]] * 3)[:4 + data.draw(st.integers(0, 1))]
-        return {"typed"}
+        return {"refuse"}
     case.reference_too = True
-    return {"typed", "claim"}
+    return {"refuse", "claim"}
 
 
 def _c_scale(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
@@ -695,92 +607,45 @@ def _c_scale(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     f32 = float(np.float32(v)) if math.isfinite(v) and abs(v) < 3.5e38 else math.inf
     ok = math.isfinite(f32) and f32 > 0 and 1e-30 <= f32 * math.log2(math.e) <= 1e38
     case.scale32 = f32 if ok else None
-    return {"ok"} if ok else {"typed", "claim"}
+    return {"ok"} if ok else {"refuse", "claim"}
 
 
 CLASSES = [_c_dims, _c_strides, _c_overlap, _c_objects, _c_node, _c_scale]
 
 
-def _backed(rt: FakeRuntime, spans: list[tuple[int, int]]) -> list[bytes | None]:
-    out = []
-    for ptr, n in spans:
-        b = rt.read(ptr, n) if 0 < ptr and ptr + n < 2**64 else None
-        out.append(None if b is None else b.tobytes())
-    return out
+def _case37(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
+    case = build(rt, s)
+    for o in case.outputs:  # distinct bytes, so that a copy into an output shows
+        if not (s.alias and o.ptr in (case.inputs[3].ptr, case.inputs[4].ptr)):
+            rt.write(o.ptr, np.full(o.nbytes, 0xCD, np.uint8))
+    remember(INDEX_SHARE, case)
+    case.reference_too, case.scale32 = False, None
+    return case
 
 
-def _spans(views: list) -> list[tuple[int, int]]:
-    return [(t.ptr, t.nbytes) for t in views
-            if isinstance(t, TensorView) and not t.absent and t.nbytes and 0 < t.ptr < 2**64]
+def _check37(rt: FakeRuntime, case: SimpleNamespace, s: Spec, err: BaseException | None) -> None:
+    if case.scale32 is not None:  # one float32 value for the kernel and the reference
+        assert parse_attributes(case.node).scale == case.scale32
+        f = [a for x in rt.launches if x.name.startswith("is_attn_") for a in x.args
+             if isinstance(a, np.float32)]
+        assert set(f) <= {np.float32(case.scale32 * math.log2(math.e))}, f
+    if case.reference_too and err is not None:  # the reference refuses as the kernel does
+        host, _ = make_data(s, np.random.default_rng(s.seed), full=True)
+        with pytest.raises(type(err)) as got:
+            reference.index_share(case.node, host, present=s.mode)
+        assert str(got.value) == str(err)
 
 
-def full_path(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
-    """claim, create, workspace_requirement, execute (a 0xA5-filled workspace); only typed
-    errors come back (anything else propagates and fails the test)."""
-    spans = _spans(case.inputs + case.outputs)
-    stage, kern = "create", None
-    try:
-        kern = IndexShareFactory(rt, IndexShareConfig(path=case.path)).create(case.node)
-        stage = "workspace"
-        metas = case.metas if case.metas is not None else [  # junk goes to both calls
-            None if _absent(t) else t.meta if isinstance(t, TensorView) else t for t in case.inputs]
-        req = kern.workspace_requirement(metas)
-        ws = None
-        if req.nbytes and case.use_ws:
-            ws = WorkspaceView(rt.put(np.full(req.nbytes, 0xA5, np.uint8)), req.nbytes)
-            spans.append((ws.ptr, ws.nbytes))
-        before = _backed(rt, spans)
-        stage = "execute"
-        try:
-            kern.execute(case.inputs, case.outputs, ws)
-        except (*TYPED, TypeError):
-            assert _backed(rt, spans) == before, "a refused execute changed a buffer"
-            raise
-    except (*TYPED, TypeError) as exc:
-        return stage, exc
-    finally:
-        if kern is not None:
-            kern.close()
-    return None, None
+INDEX_SHARE = OpFuzz(
+    factory=IndexShareFactory, config=IndexShareConfig, specs=specs, build=build,
+    check_valid=_check_valid, mutations=MUTATIONS, big_fields=BIG_FIELDS, big_specs=big_specs,
+    closes=True, kind_errors={"indices": SelectedIndicesError},
+    classes=CLASSES, case37=_case37, check37=_check37, create_with_shapes=False,
+    claim_verdicts=True, exact_type_errors=True)
 
 
-class TestIssue37:
-    """The bad-input classes over the full path, on the fake runtime."""
-
-    @pytest.mark.parametrize("cls", CLASSES, ids=lambda m: m.__name__[3:])
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_class_gives_typed_error_or_success(self, cls: Any, s: Spec, data: Any) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        for o in case.outputs:  # distinct bytes, so that a copy into an output shows
-            if not (s.alias and o.ptr in (case.inputs[3].ptr, case.inputs[4].ptr)):
-                rt.write(o.ptr, np.full(o.nbytes, 0xCD, np.uint8))
-        case.claim_shapes, case.metas, case.reference_too, case.scale32 = None, None, False, None
-        dtypes = [None if _absent(t) else t.dtype for t in case.inputs]
-        shapes = [None if _absent(t) else t.shape for t in case.inputs]
-        want = cls(case, data, s)
-        reason = IndexShareFactory(rt).unsupported_reason(case.node, case.claim_shapes or shapes,
-                                                           dtypes)
-        assert (reason is not None) == ("claim" in want), reason
-        stage, err = full_path(rt, case)
-        if "ok" in want:
-            assert err is None, f"refused at {stage}: {type(err).__name__}: {err}"
-        else:
-            assert err is not None, f"accepted ({rt.names()})"
-            assert isinstance(err, TypeError) == ("type" in want), f"{type(err).__name__}: {err}"
-            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
-        assert rt.memory_stats().live_bytes == 0
-        if case.scale32 is not None:  # one float32 value for the kernel and the reference
-            assert parse_attributes(case.node).scale == case.scale32
-            f = [a for x in rt.launches if x.name.startswith("is_attn_") for a in x.args
-                 if isinstance(a, np.float32)]
-            assert set(f) <= {np.float32(case.scale32 * math.log2(math.e))}, f
-        if case.reference_too and err is not None:  # the reference refuses as the kernel does
-            host, _ = make_data(s, np.random.default_rng(s.seed), full=True)
-            with pytest.raises(type(err)) as got:
-                reference.index_share(case.node, host, present=s.mode)
-            assert str(got.value) == str(err)
+class TestHost(host_tests(INDEX_SHARE)):
+    """No GPU: the shared properties and the issue-37 classes (tests._fuzz) for IndexShare."""
 
 
 # --------------------------------------------------------------------------- GPU half

@@ -1,6 +1,7 @@
 """Fuzzing ``com.microsoft::PagedAttention`` (LATENT): random valid and invalid calls (hypothesis).
 
-CPU half (runs in CI, no GPU): the op runs against :class:`tests._fakes.FakeRuntime`.
+CPU half (runs in CI, no GPU): the shared harness (:mod:`tests._fuzz`) runs the op against
+:class:`tests._fakes.FakeRuntime`.
 
 - Valid cases (MLA 576/512 and small head sizes, RoPE half/interleaved, softcap, windows,
   aliasing cache output, host/device ``attention_metadata``, forced paths and splits, with and
@@ -41,11 +42,22 @@ from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFacto
 from attnrt.ops.paged_attention import schema as pa
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, Unsupported, WorkspaceError
-from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, PER_MUTATION, FakeRuntime
+from tests._fakes import CPU_SETTINGS, GPU_SETTINGS, FakeRuntime
+from tests._fuzz import (
+    BIG,
+    DROP,
+    OpFuzz,
+    absent,
+    attr_mutation,
+    full_path,
+    host_tests,
+    remember,
+    reshaped,
+    retyped,
+)
 from tests.test_paged_cpu import make_case, make_node
 
 BF16, F16, I32 = DataType.BFLOAT16, DataType.FLOAT16, DataType.INT32
-TYPED = (KernelError, Unsupported, ValueError)
 
 
 # --------------------------------------------------------------------------- specs
@@ -181,60 +193,9 @@ def build(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
     return SimpleNamespace(node=s.node(), inputs=ins, outputs=outs, kw=kw, use_ws=s.use_ws)
 
 
-def _absent(t: Any) -> bool:
-    return t is None or getattr(t, "absent", False)
-
-
-def attempt(rt: FakeRuntime, case: SimpleNamespace) -> tuple[str | None, BaseException | None]:
-    stage = "create"
-    try:
-        fac = PagedAttentionFactory(rt, config=PagedAttentionConfig(**case.kw))
-        kern = fac.create(case.node, [None if _absent(t) else t.shape for t in case.inputs[:16]])
-        stage = "workspace"
-        req = kern.workspace_requirement(case.inputs)
-        ws = None
-        if req.nbytes and case.use_ws:
-            ws = WorkspaceView(rt.address(req.nbytes), req.nbytes)
-        stage = "execute"
-        kern.execute(case.inputs, case.outputs, ws)
-    except TYPED as exc:
-        return stage, exc
-    return None, None
-
-
-def claim(rt: FakeRuntime, case: SimpleNamespace) -> str | None:
-    ins = case.inputs[:16]
-    return PagedAttentionFactory(rt).unsupported_reason(
-        case.node, [None if _absent(t) else t.shape for t in ins],
-        [None if _absent(t) else t.dtype for t in ins])
-
-
-def reshaped(t: Any, shape: tuple[int, ...]) -> Any:
-    return type(t)(t.ptr, t.dtype, shape)
-
-
-def retyped(t: Any, dtype: DataType) -> Any:
-    return type(t)(t.ptr, dtype, t.shape, t.strides)
-
-
 # --------------------------------------------------------------------------- mutations
 # Each breaks one rule of a valid case and returns "claim" (the factory must decline it at
 # claim time too) or "input" (the kernel refuses it).
-_DROP = object()
-
-
-def _m_attr(name: str, values: list, kind: str = "claim", label: str = "") -> Any:
-    def f(case: SimpleNamespace, data: Any, s: Spec) -> str:
-        v = data.draw(st.sampled_from(values), label=name)
-        if v is _DROP:
-            case.node.attributes.pop(name, None)
-        else:
-            case.node.attributes[name] = v
-        return kind
-    f.__name__ = f"attr_{name}{label}"
-    return f
-
-
 def _m_v_head_size(case: SimpleNamespace, data: Any, s: Spec) -> str:
     case.node.attributes["v_head_size"] = s.hs + data.draw(st.integers(1, 64), label="extra")
     case.node.attributes["scale"] = 0.1
@@ -254,7 +215,7 @@ def _m_rope_inputs_absent(case: SimpleNamespace, data: Any, s: Spec) -> str:
                       label="absent")
     for i in (pa.IN_COS, pa.IN_SIN):
         case.inputs[i] = (TensorView.absent_slot() if i in which
-                          else case.inputs[i] if not _absent(case.inputs[i])
+                          else case.inputs[i] if not absent(case.inputs[i])
                           else TensorView(case.inputs[0].ptr, s.dtype, (8, 1)))
     return "input"
 
@@ -425,15 +386,15 @@ def _m_factory_args(case: SimpleNamespace, data: Any, s: Spec) -> str:
 
 
 MUTATIONS = [
-    _m_attr("num_heads", [0, -3, _DROP, 2.5, "8", True]),
-    _m_attr("softcap", [-1.0, math.nan, -math.inf, "x"]),
-    _m_attr("softcap", [math.inf], label="_infinite"),
-    _m_attr("softcap", [1e39, 1e300], label="_beyond_float32"),
-    _m_attr("scale", [-1.0, math.nan, math.inf, "x"]),
-    _m_attr("scale", [1e39, 1e300], label="_beyond_float32"),
-    _m_attr("local_window_size", [-2, -1000, 1.5]),
-    _m_attr("rotary_offset", [-1, -64]),
-    _m_attr("v_head_size", [-1, -512]),
+    attr_mutation("num_heads", [0, -3, DROP, 2.5, "8", True]),
+    attr_mutation("softcap", [-1.0, math.nan, -math.inf, "x"]),
+    attr_mutation("softcap", [math.inf], label="_infinite"),
+    attr_mutation("softcap", [1e39, 1e300], label="_beyond_float32"),
+    attr_mutation("scale", [-1.0, math.nan, math.inf, "x"]),
+    attr_mutation("scale", [1e39, 1e300], label="_beyond_float32"),
+    attr_mutation("local_window_size", [-2, -1000, 1.5]),
+    attr_mutation("rotary_offset", [-1, -64]),
+    attr_mutation("v_head_size", [-1, -512]),
     _m_v_head_size, _m_scale_missing, _m_rope_inputs_absent, _m_rope_too_wide, _m_node_mode,
     _m_declined_input, _m_packed_qkv, _m_required_absent, _m_required_absent_in_node,
     _m_float_dtype, _m_index_dtype,
@@ -445,10 +406,10 @@ BIG_FIELDS = ["T", "H", "hs", "nb", "bs", "mb", "B", "max_pos", "window", "rotar
 
 
 # --------------------------------------------------------------------------- issue 37 classes
-# Bad objects over the whole path (claim, create, workspace, execute): each mutation returns
-# "ok" (must run), "refuse" (must be refused) or "any"; either way a refusal is one of
-# TYPED_ALL, launches nothing and leaves every buffer's bytes as they were (the fake's hooks
-# stamp the cache and the output when the kernels "run").
+# Bad objects over the whole path (tests._fuzz.full_path: claim, create, workspace, execute):
+# each mutation returns {"ok"} (must run), {"refuse"} (must be refused) or an empty set (either);
+# a refusal is one of TYPED_ALL, launches nothing and leaves every buffer's bytes as they were
+# (the fake's hooks stamp the cache and the output when the kernels "run").
 TYPED_ALL = (KernelError, Unsupported, TypeError, ValueError, WorkspaceError)
 STAMP = np.full(8, 0x5A, np.uint8)
 WORDS = [None, "absent", "meta", "shape", "array", 7, "x"]
@@ -462,61 +423,50 @@ def _hooks(rt: FakeRuntime) -> None:
     rt.on_launch["paged_mla_combine"] = lambda a: rt.write(int(a[2]), STAMP)
 
 
-def _bytes(rt: FakeRuntime, case: SimpleNamespace) -> list[Any]:
-    views = [t for t in list(case.base_inputs) + list(case.base_outputs)
-             if isinstance(t, TensorView) and not t.absent]
-    return [None if (b := rt.read(t.ptr, min(t.nbytes, 4096))) is None else bytes(b) for t in views]
-
-
-def run_full(rt: FakeRuntime, case: SimpleNamespace) -> BaseException | None:
-    """The executor's sequence; a typed refusal is returned, anything else propagates."""
-    try:
-        fac = PagedAttentionFactory(rt, config=PagedAttentionConfig(**case.kw))
-        case.reason = fac.unsupported_reason(case.node, case.shapes, case.dtypes)
-        kern = fac.create(case.node, case.shapes)
-        req = kern.workspace_requirement(case.inputs)
-        ws = case.ws(req) if case.ws else (
-            WorkspaceView(rt.address(req.nbytes), req.nbytes) if req.nbytes and case.use_ws else None)
-        kern.execute(case.inputs, case.outputs, ws)
-    except TYPED_ALL as exc:
-        return exc
-    return None
-
-
 def _case37(rt: FakeRuntime, s: Spec) -> SimpleNamespace:
+    _hooks(rt)
     case = build(rt, s)
-    present = [t for t in case.inputs[:16]]
-    case.shapes = [None if _absent(t) else t.shape for t in present]
-    case.dtypes = [None if _absent(t) else t.dtype for t in present]
-    case.base_inputs, case.base_outputs = list(case.inputs), list(case.outputs)
-    case.ws, case.reason = None, None
+    remember(PAGED, case, cap=4096)
     return case
 
 
+def _check37(rt: FakeRuntime, case: SimpleNamespace, s: Spec, err: BaseException | None) -> None:
+    name, v = getattr(case, "float_attr", (None, None))
+    reads = [x for x in rt.launches if "simple" in x.name or "fwd" in x.name]
+    if err is None and name and reads:  # the kernels get the attribute's float32 value
+        at = (-2 if "simple" in reads[0].name else -3) - (name == "scale")
+        assert reads[0].args[at] == np.float32(v), (name, v, reads[0].args[at])
+
+
+def run_full(rt: FakeRuntime, case: SimpleNamespace) -> BaseException | None:
+    """The executor's sequence (tests._fuzz.full_path); a typed refusal is returned."""
+    return full_path(PAGED, rt, case, typed=TYPED_ALL)[1]
+
+
 def _present(case: SimpleNamespace, data: Any, outputs: bool = False) -> int:
-    idx = [i for i, t in enumerate(case.inputs[:16]) if not _absent(t)]
+    idx = [i for i, t in enumerate(case.inputs[:16]) if not absent(t)]
     return data.draw(st.sampled_from(idx + ([-1] if outputs else [])), label="slot")
 
 
-def _c1_numpy_dims(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c1_numpy_dims(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     ints = data.draw(st.sampled_from([np.int32, np.int64, np.uint32, np.uint64, np.intp]), label="np")
-    case.inputs = [t if _absent(t) or not isinstance(t, TensorView)
+    case.inputs = [t if absent(t) or not isinstance(t, TensorView)
                    else type(t)(t.ptr, t.dtype, tuple(ints(d) for d in t.shape)) for t in case.inputs]
     case.shapes = [None if x is None else tuple(ints(d) for d in x) for x in case.shapes]
-    return "ok"
+    return {"ok"}
 
 
-def _c1_float_claim_dim(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c1_float_claim_dim(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     i = _present(case, data)
     bad = data.draw(st.sampled_from([2.5, 1.0, True, None, "3", -1]), label="dim")
     shp = list(case.shapes[i])
     assume(shp)
     shp[data.draw(st.integers(0, len(shp) - 1), label="axis")] = bad
     case.shapes[i] = tuple(shp)
-    return "refuse"
+    return {"refuse"}
 
 
-def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     i = _present(case, data, outputs=True)
     t = case.outputs[0] if i < 0 else case.inputs[i]
     assume(t.rank >= 1 and t.numel > 0)
@@ -524,7 +474,7 @@ def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
     if kind == "top":
         gap = data.draw(st.integers(1, 8), label="gap")
         assume(t.nbytes > gap)  # bytes past 2**64 (a fitting pointer would be foreign to the fake)
-        bad, verdict = type(t)(2**64 - gap, t.dtype, t.shape), "refuse"
+        bad, verdict = type(t)(2**64 - gap, t.dtype, t.shape), {"refuse"}
     else:
         axis = data.draw(st.integers(0, t.rank - 1), label="axis")
         big = data.draw(st.sampled_from([2**61, 2**62, 2**63, 2**64, -(2**63)] if kind == "stride"
@@ -534,7 +484,7 @@ def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
         bad = type(t)(t.ptr, t.dtype, t.shape, tuple(strides))
         # Past the pointer width, or non-contiguous; a size-1 axis may carry a large stride.
         past = abs(big) * t.dtype.itemsize >= 2**63 or t.shape[axis] > 1
-        verdict = "refuse" if kind == "stride" and past else "any"
+        verdict = {"refuse"} if kind == "stride" and past else set()
     if i < 0:
         case.outputs[0] = bad
     else:
@@ -542,7 +492,7 @@ def _c2_strides(case: SimpleNamespace, data: Any, s: Spec) -> str:
     return verdict
 
 
-def _c3_overlap(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c3_overlap(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     kc, out = case.inputs[pa.IN_KEY_CACHE], case.outputs[0]
     kind = data.draw(st.sampled_from(["out_on_input", "input_on_cache", "cache_out", "ws_on_out"]),
                      label="kind")
@@ -551,41 +501,41 @@ def _c3_overlap(case: SimpleNamespace, data: Any, s: Spec) -> str:
         assume(t.nbytes > 2 and out.numel > 0)
         off = 2 * data.draw(st.integers(0, t.nbytes // 2 - 1), label="off")
         case.outputs[0] = TensorMut(t.ptr + off, out.dtype, out.shape)
-        return "refuse"
+        return {"refuse"}
     if kind == "input_on_cache":
         i = data.draw(st.sampled_from([j for j, t in enumerate(case.inputs[:16])
-                                       if not _absent(t) and j != pa.IN_KEY_CACHE]), label="in")
+                                       if not absent(t) and j != pa.IN_KEY_CACHE]), label="in")
         t = case.inputs[i]
         assume(t.numel > 0)
         case.inputs[i] = type(t)(kc.ptr, t.dtype, t.shape)
-        return "refuse"
+        return {"refuse"}
     if kind == "cache_out":
         how = data.draw(st.sampled_from(["same", "zero", "offset", "transposed"]), label="how")
         strides = {"zero": (0, 0, 0, 0), "transposed": kc.element_strides[::-1]}.get(how)
         ptr = kc.ptr + (kc.dtype.itemsize if how == "offset" else 0)
         case.outputs = [out, TensorMut(ptr, kc.dtype, kc.shape, strides)]
-        return "ok" if how == "same" else "refuse"
+        return {"ok"} if how == "same" else {"refuse"}
     case.ws = lambda req: WorkspaceView(out.ptr // 256 * 256, req.nbytes)
-    return "any"
+    return set()
 
 
-def _c4_objects(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c4_objects(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     where = data.draw(st.sampled_from(["input", "container", "output", "workspace"]), label="where")
     t0 = case.inputs[pa.IN_QUERY]
     if where == "container":
         how = data.draw(st.sampled_from(["tuple", "dict", "iter"]), label="how")
         case.inputs = {"tuple": tuple, "dict": lambda x: dict(enumerate(x)), "iter": iter}[how](case.inputs)
-        return "ok" if how == "tuple" else "refuse"
+        return {"ok"} if how == "tuple" else {"refuse"}
     if where == "workspace":
         bad = data.draw(st.sampled_from([4096, "ws", -1, 0]), label="ws")
         case.ws = (lambda req: WorkspaceView(bad, req.nbytes)) if bad == 0 else (lambda req: bad)
-        return "any" if bad == 0 else "refuse"
+        return set() if bad == 0 else {"refuse"}
     if where == "output":
         out = case.outputs[0]
         bad = data.draw(st.sampled_from(["none", "empty", "meta", "extra", "tuple"]), label="out")
         case.outputs = {"none": [None], "empty": [], "meta": [out.meta], "extra": [out, "x"],
                         "tuple": (out,)}[bad]
-        return "ok" if bad == "tuple" else "refuse"
+        return {"ok"} if bad == "tuple" else {"refuse"}
     i = data.draw(st.integers(0, 16), label="slot")
     word = data.draw(st.sampled_from(WORDS), label="word")
     old = case.inputs[i]
@@ -594,11 +544,11 @@ def _c4_objects(case: SimpleNamespace, data: Any, s: Spec) -> str:
            "meta": old.meta if isinstance(old, TensorView) and not old.absent else t0.meta}[word]
     case.inputs[i] = new
     if word in (None, "absent"):
-        return "any"
-    return "any" if i == pa.IN_ATTENTION_METADATA and word == "array" else "refuse"
+        return set()
+    return set() if i == pa.IN_ATTENTION_METADATA and word == "array" else {"refuse"}
 
 
-def _c5_config(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c5_config(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     name = data.draw(st.sampled_from(["num_splits", "max_splits", "mla_tiles"]), label="knob")
     good = {"num_splits": [np.int64(2), np.int32(5), None], "max_splits": [np.int16(4)],
             "mla_tiles": [[32], (np.int64(64), 32)]}[name]
@@ -606,10 +556,10 @@ def _c5_config(case: SimpleNamespace, data: Any, s: Spec) -> str:
            "mla_tiles": [(64.0,), (64, 48), ()]}[name]
     v = data.draw(st.sampled_from(good + bad), label="value")
     case.kw[name] = v
-    return "refuse" if any(v is b for b in bad) else "any"
+    return {"refuse"} if any(v is b for b in bad) else set()
 
 
-def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     n, a = case.node, case.node.attributes
     kind = data.draw(st.sampled_from(["inputs", "outputs", "unknown", "int_attr", "flag", "op",
                                       "exec_inputs", "exec_outputs"]), label="kind")
@@ -626,7 +576,7 @@ def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> str:
         v = a.get(name, 0)
         new = data.draw(st.sampled_from([float(v), bool(v), np.int64(v), np.float32(v)]), label="v")
         a[name] = new
-        return "any" if isinstance(new, np.integer) else "refuse"
+        return set() if isinstance(new, np.integer) else {"refuse"}
     elif kind == "flag":
         a[data.draw(st.sampled_from(["do_rotary", "rotary_interleaved"]), label="f")] = \
             data.draw(st.sampled_from([2, -1, 1.0]), label="v")
@@ -639,16 +589,16 @@ def _c6_node(case: SimpleNamespace, data: Any, s: Spec) -> str:
         case.inputs = list(case.inputs) + [None] * data.draw(st.integers(1, 8), label="extra")
     else:
         case.outputs = list(case.outputs) + [None] * (2 - len(case.outputs)) + [case.outputs[0]]
-    return "refuse"
+    return {"refuse"}
 
 
-def _c8_floats(case: SimpleNamespace, data: Any, s: Spec) -> str:
+def _c8_floats(case: SimpleNamespace, data: Any, s: Spec) -> set[str]:
     name = data.draw(st.sampled_from(["softcap", "scale"]), label="attr")
     v = data.draw(st.sampled_from([1e-46, -1e-46, 1e-40, 1e-39, 3.4e38, 3.5e38, np.float16(0.5),
                                    np.float64(2.0)]), label="v")
     case.node.attributes[name] = v
     case.float_attr = (name, v)
-    return "any"
+    return set()
 
 
 CLASSES = [_c1_numpy_dims, _c1_float_claim_dim, _c2_strides, _c3_overlap, _c4_objects, _c5_config,
@@ -705,12 +655,9 @@ def _kernel_verdict(c: SimpleNamespace) -> BaseException | None:
              for x in c.inputs]
     out = TensorMut(rt.put(np.zeros((c.T, c.H * c.vhs), c.inputs[0].dtype if c.inputs else np.float16)),
                     c.dtype, (c.T, c.H * c.vhs))
-    case = SimpleNamespace(node=c.node, kw={}, shapes=[None if v is None else v.shape for v in views[:16]],
-                           dtypes=[None if v is None else v.dtype for v in views[:16]], inputs=views,
-                           outputs=[out], ws=None, use_ws=True)
-    err = run_full(rt, case)
-    assert err is None or rt.launch_count == 0, f"launched {rt.names()} before {err!r}"
-    return err
+    case = SimpleNamespace(node=c.node, kw={}, inputs=views, outputs=[out], use_ws=True)
+    remember(PAGED, case, cap=4096)
+    return run_full(rt, case)  # a refusal launched nothing
 
 
 def _reference_verdict(c: SimpleNamespace) -> BaseException | None:
@@ -723,114 +670,13 @@ def _reference_verdict(c: SimpleNamespace) -> BaseException | None:
     return None
 
 
-# --------------------------------------------------------------------------- CPU properties
-class TestHost:
-    """No GPU: the fake runtime records launches and refuses illegal ones."""
-
-    @CPU_SETTINGS
-    @given(s=specs())
-    def test_valid_cases_are_claimed_and_launch_legally(self, s: Spec) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        assert claim(rt, case) is None
-        stage, err = attempt(rt, case)
-        assert err is None, f"valid case refused at {stage}: {err}"
-        names = rt.names()
-        if s.T == 0:
-            assert names == []
-        else:
-            assert names[0].startswith("paged_write_"), names
-            assert any(case.outputs[0].ptr in x.args for x in rt.launches[1:])
-        assert rt.memory_stats().live_bytes == 0
-
-    @pytest.mark.parametrize("mutate", MUTATIONS, ids=lambda m: m.__name__)
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_invalid_cases_are_refused_before_any_launch(self, mutate: Any, s: Spec, data: Any) -> None:
-        rt = FakeRuntime()
-        case = build(rt, s)
-        kind = mutate(case, data, s)
-        stage, err = attempt(rt, case)
-        assert err is not None, f"{mutate.__name__}: accepted ({rt.names()})"
-        assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before: {err}"
-        assert rt.memory_stats().live_bytes == 0
-        if kind == "claim":
-            assert claim(rt, case) is not None, f"{mutate.__name__}: claimed despite {err}"
-
-    @pytest.mark.parametrize("field", BIG_FIELDS)
-    @settings(CPU_SETTINGS, max_examples=40)
-    @given(data=st.data())
-    def test_oversized_dims_are_refused_before_launch_or_launch_legally(self, field: str,
-                                                                        data: Any) -> None:
-        case, inputs_only = data.draw(big_cases(field))
-        rt = FakeRuntime()
-        ins = [TensorView.absent_slot() if shp is None else
-               rt.view(shp, I32 if i in INDEX_INPUTS else case.dtype)
-               for i, shp in enumerate(case.shapes)] + [None]
-        out = rt.view(case.out_shape, case.dtype, mut=True)
-        c = SimpleNamespace(node=case.node, inputs=ins, outputs=[out], kw={"path": case.path},
-                            use_ws=True)
-        stage, err = attempt(rt, c)
-        if err is not None:
-            assert rt.launch_count == 0, f"launched {rt.names()} before: {err}"
-            if inputs_only:
-                assert stage in ("create", "workspace"), (
-                    f"only execute refused it ({err}); workspace_requirement planned it")
-
-    @pytest.mark.parametrize("mutate", CLASSES, ids=lambda m: m.__name__)
-    @PER_MUTATION
-    @given(s=specs(), data=st.data())
-    def test_issue37_classes_are_typed_refusals_that_change_nothing(self, mutate: Any, s: Spec,
-                                                                     data: Any) -> None:
-        rt = FakeRuntime()
-        _hooks(rt)
-        case = _case37(rt, s)
-        verdict = mutate(case, data, s)
-        before = _bytes(rt, case)
-        err = run_full(rt, case)
-        if err is None:
-            assert verdict != "refuse", f"{mutate.__name__}: accepted ({rt.names()})"
-            name, v = getattr(case, "float_attr", (None, None))
-            reads = [x for x in rt.launches if "simple" in x.name or "fwd" in x.name]
-            if name and reads:  # the kernels get the attribute's float32 value
-                at = (-2 if "simple" in reads[0].name else -3) - (name == "scale")
-                assert reads[0].args[at] == np.float32(v), (name, v, reads[0].args[at])
-        else:
-            assert verdict != "ok", f"{mutate.__name__}: refused a valid call: {err!r}"
-            assert rt.launch_count == 0, f"{mutate.__name__}: launched {rt.names()} before {err!r}"
-            assert _bytes(rt, case) == before, f"{mutate.__name__}: a buffer changed before {err!r}"
-        assert rt.memory_stats().live_bytes == 0
-
-    @settings(CPU_SETTINGS, max_examples=30)
-    @given(s=specs(), data=st.data())
-    def test_numpy_integer_dims_launch_what_python_ints_launch(self, s: Spec, data: Any) -> None:
-        records = []
-        for numpy_dims in (False, True):
-            rt = FakeRuntime()  # fresh: the same addresses in the same order
-            case = _case37(rt, s)
-            if numpy_dims:
-                _c1_numpy_dims(case, data, s)
-            assert run_full(rt, case) is None
-            records.append([(x.name, x.grid, x.block, x.shared_mem, [repr(a) for a in x.args])
-                            for x in rt.launches])
-        assert records[0] == records[1]
-
-    @settings(CPU_SETTINGS, max_examples=60)
-    @given(c=host_cases(), data=st.data())
-    def test_reference_refuses_exactly_what_the_kernel_refuses(self, c: SimpleNamespace,
-                                                               data: Any) -> None:
-        _host_mutation(c, data)
-        kern, ref = _kernel_verdict(c), _reference_verdict(c)
-        assert type(kern) is type(ref), f"kernel {kern!r} but reference {ref!r}"
-
-
-BIG = [65535, 65536, 2**31 - 1, 2**31, 2**31 + 5, 2**32 + 3]
+# --------------------------------------------------------------------------- oversized cases
 BIG_POW2 = [2**16, 2**30, 2**31, 2**32]
 
 
 @st.composite
-def big_cases(draw: Any, field: str) -> tuple[SimpleNamespace, bool]:
-    """Minimal shapes with one dim (or attribute) oversized; (case, refusal decided by inputs)."""
+def big_cases(draw: Any, field: str) -> SimpleNamespace:
+    """Minimal shapes with one dim (or attribute) oversized (the inputs alone decide a refusal)."""
     d = dict(T=1, H=1, hs=draw(st.sampled_from([8, 576])), nb=1, bs=16, mb=1, B=1, max_pos=4)
     attrs: dict[str, Any] = {}
     if field in ("window", "rotary_offset"):
@@ -861,7 +707,60 @@ def big_cases(draw: Any, field: str) -> tuple[SimpleNamespace, bool]:
                      window=attrs.get("local_window_size", -1))
     path = draw(st.sampled_from(["auto", "simple"]))
     return SimpleNamespace(node=node, shapes=shapes, dtype=dtype, out_shape=(T, H * vhs),
-                           path=path), True
+                           path=path)
+
+
+def _build_big(rt: FakeRuntime, big: SimpleNamespace) -> SimpleNamespace:
+    ins = [TensorView.absent_slot() if shp is None else
+           rt.view(shp, I32 if i in INDEX_INPUTS else big.dtype)
+           for i, shp in enumerate(big.shapes)] + [None]
+    out = rt.view(big.out_shape, big.dtype, mut=True)
+    return SimpleNamespace(node=big.node, inputs=ins, outputs=[out], kw={"path": big.path},
+                           use_ws=True)
+
+
+def _check_valid(rt: FakeRuntime, case: SimpleNamespace, s: Spec) -> None:
+    names = rt.names()
+    if s.T == 0:
+        assert names == []
+    else:
+        assert names[0].startswith("paged_write_"), names
+        assert any(case.outputs[0].ptr in x.args for x in rt.launches[1:])
+
+
+PAGED = OpFuzz(
+    factory=PagedAttentionFactory, config=PagedAttentionConfig, specs=specs, build=build,
+    check_valid=_check_valid, mutations=MUTATIONS, big_fields=BIG_FIELDS, big_specs=big_cases,
+    build_big=_build_big, claim_slots=16, workspace_from_metas=False,
+    classes=CLASSES, case37=_case37, check37=_check37, typed37=TYPED_ALL)
+
+
+# --------------------------------------------------------------------------- CPU properties
+class TestHost(host_tests(PAGED)):
+    """No GPU: the shared properties and the issue-37 classes (tests._fuzz), then numpy dims and
+    the reference's refusals."""
+
+    @settings(CPU_SETTINGS, max_examples=30)
+    @given(s=specs(), data=st.data())
+    def test_numpy_integer_dims_launch_what_python_ints_launch(self, s: Spec, data: Any) -> None:
+        records = []
+        for numpy_dims in (False, True):
+            rt = FakeRuntime()  # fresh: the same addresses in the same order
+            case = _case37(rt, s)
+            if numpy_dims:
+                _c1_numpy_dims(case, data, s)
+            assert run_full(rt, case) is None
+            records.append([(x.name, x.grid, x.block, x.shared_mem, [repr(a) for a in x.args])
+                            for x in rt.launches])
+        assert records[0] == records[1]
+
+    @settings(CPU_SETTINGS, max_examples=60)
+    @given(c=host_cases(), data=st.data())
+    def test_reference_refuses_exactly_what_the_kernel_refuses(self, c: SimpleNamespace,
+                                                               data: Any) -> None:
+        _host_mutation(c, data)
+        kern, ref = _kernel_verdict(c), _reference_verdict(c)
+        assert type(kern) is type(ref), f"kernel {kern!r} but reference {ref!r}"
 
 
 # --------------------------------------------------------------------------- GPU half
@@ -901,7 +800,7 @@ class TestDevice:
             outs = [out.mut()] + ([bufs[pa.IN_KEY_CACHE].mut()] if s.cache_out else [])
             cfg = PagedAttentionConfig(path=s.path, num_splits=s.num_splits)
             kern = PagedAttentionFactory(rt, config=cfg).create(
-                node, [v.shape if not _absent(v) else None for v in views[:16]])
+                node, [v.shape if not absent(v) else None for v in views[:16]])
             req = kern.workspace_requirement(views)
             ws = None
             if req.nbytes and s.use_ws:

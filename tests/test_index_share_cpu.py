@@ -34,9 +34,10 @@ from attnrt.ops.index_share import (
     make_plan,
     splitk,
 )
-from attnrt.runtime.api import DataType, Node, TensorMut, TensorView, WorkspaceView
+from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import CaptureError, KernelError
 from attnrt.runtime.latch import INDEX_SHARE_SELECTED_INDICES, Latch
+from tests._nodes import index_share_node
 from tests._util import TOL, rel_fro
 
 BF16 = ml_dtypes.bfloat16
@@ -48,8 +49,7 @@ def node(n=4, nkv=None, scale=None, outputs=1):
         attrs["kv_num_heads"] = nkv
     if scale is not None:
         attrs["scale"] = scale
-    outs = ["y", "pk", "pv"][:outputs]
-    return Node("IndexShare", "pkg.nxrt", attrs, ["q", "k", "v", "pk", "pv", "idx", "b"], outs)
+    return index_share_node(attrs, outputs, names=("y", "pk", "pv"))
 
 
 def sorted_rows(rng, shape, bound, k, fill=0.8):

@@ -13,9 +13,10 @@ import attnrt
 from attnrt.ops import index_share, reference
 from attnrt.ops.index_share import IndexShareConfig, SelectedIndicesError, splitk
 from attnrt.runtime import DeviceArray
-from attnrt.runtime.api import DataType, Node, TensorView
+from attnrt.runtime.api import DataType, TensorView
 from attnrt.runtime.errors import CaptureError
 from attnrt.runtime.latch import INDEX_SHARE_SELECTED_INDICES
+from tests._nodes import index_share_node
 from tests._util import TOL, rel_fro
 
 pytestmark = pytest.mark.gpu
@@ -28,8 +29,7 @@ def make_node(n, nkv, outputs=1, scale=None):
     attrs = {"num_heads": n, "kv_num_heads": nkv}
     if scale is not None:
         attrs["scale"] = scale
-    return Node("IndexShare", "pkg.nxrt", attrs, ["q", "k", "v", "pk", "pv", "idx", "b"],
-                ["y", "pk_out", "pv_out"][:outputs])
+    return index_share_node(attrs, outputs)
 
 
 def rows(rng, shape, bound, k):

@@ -27,15 +27,15 @@ from attnrt.ops.index_share import (
 from attnrt.runtime.api import DataType, Node, TensorMetadata, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError, WorkspaceError
 from tests._fakes import FakeRuntime
+from tests._nodes import INDEX_SHARE_INPUTS, index_share_node
 
 F32, I32 = DataType.FLOAT, DataType.INT32
-NAMES = ["q", "k", "v", "pk", "pv", "idx", "b"]
+NAMES = list(INDEX_SHARE_INPUTS)
 
 
 def make_node(mode: str = "none", **attrs: Any) -> Node:
     a = {"num_heads": 4, "kv_num_heads": 2, **attrs}
-    return Node("IndexShare", "pkg.nxrt", a, list(NAMES),
-                ["y"] if mode == "none" else ["y", "pk_out", "pv_out"])
+    return index_share_node(a, 1 if mode == "none" else 3)
 
 
 def make_case(mode: str = "none", *, cur: int = 1, past: int = 5, K: int = 3, seed: int = 37,
