@@ -331,6 +331,6 @@ def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta:
     args = (tiles, int(caps.sm_count), rows, g.v_head_size)
     grid_pick = choose_splits(row_blocks, *args, path=path, config=config)
     # Cost the row blocks that can hold rows, never fewer splits than the grid-wide count:
-    # docs/notes/paged_attention-gap.md#6-host-side-split-rule-implemented-measured-in-paged_attentionmdbusy-row-blocks
+    # docs/notes/paged_attention.md#busy-row-blocks
     busy = min(row_blocks, g.tokens * -(-g.heads // MLA_ROWS))
     return choose_splits(busy, *args, path=path, config=config, lo=grid_pick)
