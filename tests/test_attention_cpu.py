@@ -769,3 +769,11 @@ def test_wg_max_ctas_caps_the_persistent_grid(cap):
     items = B * Hkv * -(-(H // Hkv) * Sq // 128)
     assert rt.launches[-1].grid == (min(items, 132, cap or items), 1, 1)
     assert kern.last_plan.config is cfg and f"wg_max_ctas={cap}" in repr(kern.last_plan)
+
+
+@pytest.mark.parametrize("kw", [{"num_splits": 2.5}, {"num_splits": True}, {"wg_build": {64: (4, 128, 1)}},
+                                {"wg_causal": {128: (0, 128)}}])
+def test_config_refuses_non_integer_splits_and_unbuilt_schedules(kw):
+    # Refused when the config is built, not at the first compile or launch.
+    with pytest.raises(ValueError):
+        AttentionConfig(**kw)

@@ -61,6 +61,10 @@ def _table(t: Mapping[int, Any] | _Table) -> _Table:
     return tuple(sorted((int(k), tuple(int(x) for x in v)) for k, v in items))
 
 
+#: The wgmma schedules attention_wg.cu builds (the others: lab/attention_wg_schedules.md).
+WG_SCHEDULES = (6, 7)
+
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """Every knob of the Attention planner and kernel; the defaults are the shipped choice.
@@ -114,6 +118,9 @@ class AttentionConfig:
     def __post_init__(self) -> None:
         if self.path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {self.path!r}")
+        if self.num_splits is not None and (isinstance(self.num_splits, bool)
+                                            or not hasattr(self.num_splits, "__index__")):
+            raise ValueError(f"num_splits must be an integer or None, got {self.num_splits!r}")
         if self.num_splits is not None and not 1 <= int(self.num_splits) <= 65535:
             raise ValueError(f"num_splits must be in [1, 65535], got {self.num_splits!r}")
         if self.dec_merge not in DEC_MERGES:
@@ -125,6 +132,11 @@ class AttentionConfig:
             raise ValueError(f"wg_max_ctas must be None or >= 1, got {self.wg_max_ctas!r}")
         for name in ("wg_build", "wg_causal", "wg_long"):
             object.__setattr__(self, name, _table(getattr(self, name)))
+        for name in ("wg_build", "wg_causal"):
+            for d, entry in getattr(self, name):
+                if entry[0] not in WG_SCHEDULES:
+                    raise ValueError(f"{name}[{d}] names wgmma schedule {entry[0]}; attention_wg.cu "
+                                     f"builds schedules {WG_SCHEDULES} (lab/attention_wg_schedules.md)")
         object.__setattr__(self, "dec_clusters", tuple(int(c) for c in self.dec_clusters))
 
 
