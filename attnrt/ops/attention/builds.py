@@ -142,14 +142,15 @@ def wg_sched(D: int, causal: bool = False, config: AttentionConfig | None = None
 
 
 def build_threads(sched: int) -> int:
-    """Threads per CTA of wgmma schedule ``sched`` (384 for the warp-specialized ones)."""
-    return 384 if sched >= 4 else 256
+    """Threads per CTA of wgmma schedule ``sched``: 384 (a producer and two consumer
+    warpgroups) for both schedules attention_wg.cu builds (6 and 7)."""
+    return 384
 
 
 def build_persistent(sched: int) -> bool:
-    """Whether wgmma schedule ``sched`` is persistent (6-7: at most one CTA per SM, each
-    looping over work items)."""
-    return sched >= 6
+    """Whether wgmma schedule ``sched`` is persistent: both built schedules (6 and 7) are, at
+    most one CTA per SM, each looping over work items."""
+    return True
 
 
 def wg_threads(D: int, causal: bool = False, config: AttentionConfig | None = None) -> int:
@@ -164,13 +165,10 @@ def wg_persistent(D: int, causal: bool = False, config: AttentionConfig | None =
 
 def build_smem_bytes(D: int, build: tuple[int, int, int]) -> int:
     """Dynamic shared memory of wgmma ``build`` (schedule, keys, min blocks) at head dim D,
-    as SMEM_BYTES in attention_wg.cu: Q [128 x D], 2 (3 for schedules 3 and 5) stages of K
-    and V [keys x D], the mbarriers of schedules 4-7, and 1024 bytes to align the swizzle
-    atoms."""
-    sched, keys, _ = build
-    stages = 3 if sched in (3, 5) else 2
-    barriers = 256 if sched >= 4 else 0  # the producer/consumer mbarriers
-    return (D // 64) * (WG_ROWS * 128 + 2 * stages * keys * 128) + barriers + 1024
+    as SMEM_BYTES in attention_wg.cu: Q [128 x D], two stages of K and V [keys x D], the
+    producer/consumer mbarriers (256 bytes) and 1024 bytes to align the swizzle atoms."""
+    _sched, keys, _ = build
+    return (D // 64) * (WG_ROWS * 128 + 2 * 2 * keys * 128) + 256 + 1024
 
 
 def wg_smem_bytes(D: int, causal: bool = False, Sk: int = 0,
@@ -240,9 +238,8 @@ def wg_build_variant(dtype: DataType, D: int, build: tuple[int, int, int]) -> Va
     that equal the source's defaults are left out, so the shipped compiles keep their keys."""
     sched, keys, min_blocks = build
     defines = {"NXRT_BF16": int(dtype == DataType.BFLOAT16), "HEAD_DIM": D, "MIN_BLOCKS": min_blocks}
-    if sched:
-        defines["NXRT_WG_SCHED"] = sched
-    if keys != (128 if sched >= 2 else 64):
+    defines["NXRT_WG_SCHED"] = sched
+    if keys != 128:  # the source's default tile
         defines["NXRT_WG_BN"] = keys
     return Variant("attention_wg.cu", ("attn_fused_wg",), defines, min_arch=90, arch_suffix="a")
 
