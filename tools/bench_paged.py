@@ -66,6 +66,13 @@ def _op_path() -> str:
     return os.environ.get("ATTNRT_BENCH_PAGED_PATH", "auto")
 
 
+def _op_config() -> PagedAttentionConfig:
+    """Our op's config: :func:`_op_path` and ``$ATTNRT_BENCH_PAGED_WG_TILE`` (the wgmma
+    kernel's key tile; unset: the rule)."""
+    tile = os.environ.get("ATTNRT_BENCH_PAGED_WG_TILE")
+    return PagedAttentionConfig(path=_op_path(), wg_block_n=int(tile) if tile else None)
+
+
 def _ceilings(ctx: BenchContext) -> tuple[float, float]:
     """Copy (read + write bytes / time, 1 GiB buffers) and bf16 8192^3 GEMM, through torch."""
     torch, n, m = ctx.torch, 1 << 30, 8192
@@ -157,7 +164,7 @@ class _Rig:
                          {"kv_cache_layout": "LATENT", "num_heads": s.H, "kv_num_heads": 1,
                           "v_head_size": VHS, "scale": SCALE},
                          ["q", "k", None, "kc", None, "cu", "past", "bt", None, None, "slot"], ["out"])
-        config = PagedAttentionConfig(path=_op_path())
+        config = _op_config()
         self.kernel = PagedAttentionFactory(rt, config=config).create(self.node, [])
         fixed = {1: TensorView.from_array(self.key), 3: TensorView.from_array(pool),
                  5: TensorView.from_array(dev(self.cu)), 6: TensorView.from_array(dev(self.past))}
@@ -290,7 +297,7 @@ def run(ctx: BenchContext) -> list[dict]:
     g = torch.Generator(device="cuda").manual_seed(0)
     pool = torch.empty(nb, BS, 1, HS, device="cuda", dtype=torch.bfloat16).normal_(generator=g)
     ctx.log(f"paged: latent cache pool {nb} blocks ({nb * BS * HS * 2 / 1e9:.2f} GB), "
-            f"{len(shapes)} shapes, path {_op_path()}")
+            f"{len(shapes)} shapes, {_op_config()}")
     stream = torch.cuda.ExternalStream(ctx.rt.stream.ptr)  # ours runs there; events too
     rows: list[dict] = []
     for s in shapes:

@@ -100,6 +100,11 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 
+// Wait until at most N of this thread's most recent cp.async groups are pending.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 __device__ __forceinline__ unsigned dynamic_smem_bytes() {
   unsigned r;
   asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(r));

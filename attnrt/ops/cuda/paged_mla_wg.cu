@@ -3,20 +3,22 @@
 // Same contract, grid and workspace as paged_mla_fwd (paged_mla.cu): grid (row blocks, splits),
 // a CTA owns M = 64 (token, head) rows of one sequence and one split of its key range; the
 // partials it writes are merged by paged_mla_combine of paged_mla.cu. Defines: PA_BF16,
-// PA_HS / PA_VHS (576 / 512). Tiles are BN = 64 keys.
+// PA_HS / PA_VHS (576 / 512), PA_WG_BN (keys per tile: 64 or 32).
 //
-// 256 threads = two warpgroups (WG). Shared memory holds Q (64 x 576) and two stages of the
-// 64 x 576 latent tile, all in the wgmma "128-byte swizzle" layout: 64-channel blocks of
+// 256 threads = two warpgroups (WG). Shared memory holds Q (64 x 576) and a ring of STAGES
+// BN x 576 latent tiles (2 x 64 keys or 4 x 32: the same bytes; the 32-key ring keeps up to
+// three tiles in flight while one is consumed, docs/notes/paged_attention.md#wg-tile), all in
+// the wgmma "128-byte swizzle" layout: 64-channel blocks of
 // [rows][128 bytes], 16-byte chunk c of row r stored at chunk c ^ (r & 7), blocks 1024-byte
 // aligned. The same bytes are read K-major (Q and K for S = Q K^T) and N-major (V for P V).
 // Per tile:
-//   WG1:  cp.async of the next tile into the other stage (issued after barrier A);
-//   WG0:  S = Q K^T as 36 wgmma m64n64k16 (A = Q, B = K, both from shared memory); mask,
+//   WG1:  cp.async of tile i + STAGES - 1 into the stage tile i - 1 left (after barrier A);
+//   WG0:  S = Q K^T as 36 wgmma m64nBNk16 (A = Q, B = K, both from shared memory); mask,
 //         online softmax in the log2 domain (a warp owns 16 whole rows: quad shuffles only);
 //         P (bf16/f16) kept in registers as the A operand and stored to shared memory; the
 //         row rescale factors to shared memory;
 //   barrier B;
-//   WG0/WG1: O[:, 256 wg + (0..255)] = O * corr + P V as 16 wgmma m64n64k16 with A = P from
+//   WG0/WG1: O[:, 256 wg + (0..255)] = O * corr + P V as BN/4 wgmma m64n64k16 with A = P from
 //         registers (WG1 loads it with ldmatrix) and B = V (the tile's leading 512 channels).
 // WG0 owns the softmax state; WG1 only rescales. O is 64 x 256 f32 per WG = 128 registers.
 #include "paged_common.cuh"
@@ -29,6 +31,9 @@
 #endif
 #ifndef PA_VHS
 #define PA_VHS 512
+#endif
+#ifndef PA_WG_BN
+#define PA_WG_BN 64
 #endif
 
 #if PA_BF16
@@ -43,7 +48,9 @@ namespace {
 
 constexpr int HS = PA_HS;
 constexpr int VHS = PA_VHS;
-constexpr int BN = 64;          // keys per tile
+constexpr int BN = PA_WG_BN;    // keys per tile
+constexpr int STAGES = BN == 64 ? 2 : 4;  // ring depth: what fits beside Q
+constexpr int KS = BN / 16;     // k-steps of P V
 constexpr int M = 64;           // query rows per CTA (the wgmma M)
 constexpr int NTHREADS = 256;   // two warpgroups
 constexpr int HB = HS / 64;     // 64-channel blocks per latent row
@@ -53,6 +60,7 @@ constexpr int LOADERS = 128;             // WG1 loads the tiles (it is idle whil
 constexpr int LOAD_ROWS = LOADERS / 8;   // tile rows loaded per pass (8 threads per row)
 constexpr int NPASS = BN / LOAD_ROWS;
 
+static_assert(BN == 64 || BN == 32, "built tiles: 64 or 32 keys");
 static_assert(HS % 64 == 0, "latent width must be a multiple of 64 (128-byte swizzle rows)");
 static_assert(VHS % 128 == 0 && VHS <= HS, "value width must be a multiple of 128 (two WGs)");
 
@@ -63,12 +71,12 @@ constexpr int TBLK = BN * 128;           // one 64-channel block of a tile
 constexpr int Q_BYTES = HB * QBLK;
 constexpr int T_BYTES = HB * TBLK;       // one stage
 constexpr int OFF_KV = Q_BYTES;
-constexpr int OFF_P = OFF_KV + 2 * T_BYTES;   // [M][BN] P, swizzled 128-byte rows
-constexpr int OFF_CORR = OFF_P + M * BN * 2;  // float[M] per-tile row rescale
+constexpr int OFF_P = OFF_KV + STAGES * T_BYTES;  // [M][BN] P, swizzled rows of 128 bytes
+constexpr int OFF_CORR = OFF_P + M * 128;     // float[M] per-tile row rescale
 constexpr int OFF_L = OFF_CORR + M * 4;       // float[M] final row sums
 constexpr int OFF_ROW = OFF_L + M * 4;        // int[3][M] rows: last key, first key, out row
-constexpr int OFF_VALID = OFF_ROW + 3 * M * 4;  // uchar[2][BN]
-constexpr int OFF_MISC = OFF_VALID + 2 * BN;    // int[8]
+constexpr int OFF_VALID = OFF_ROW + 3 * M * 4;  // uchar[STAGES][BN]
+constexpr int OFF_MISC = OFF_VALID + STAGES * BN;  // int[8]
 constexpr int SMEM_USED = OFF_MISC + 32;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
 static_assert(OFF_KV % 1024 == 0 && OFF_P % 1024 == 0 && T_BYTES % 1024 == 0,
@@ -179,7 +187,9 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
   };
 
   if (n_tiles > 0) {
-    // Prologue: Q rows (zero for rows past the sequence) and tile 0, one group.
+    // Prologue: Q rows (zero for rows past the sequence) with tile 0 as group 0, tiles 1 ..
+    // STAGES - 2 as groups 1 ..; every thread commits every group (empty ones too), so group
+    // i holds tile i in every thread and one wait count serves both warpgroups.
     for (int idx = tid; idx < M * HC; idx += NTHREADS) {
       const int r = idx / HC, c = idx - r * HC;
       const int orow = sRowOut[r];
@@ -187,19 +197,22 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       pa::cp_async16(pa::smem_u32(sQ + sw_off(r, c, QBLK)),
                      ok ? query + (long long)orow * HS + c * 8 : query, ok ? 16 : 0);
     }
-    if (loader) {
-      prefetch(tile_begin);
-      issue(tile_begin, 0);
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; ++t) {
+      if (loader && t < n_tiles) {
+        prefetch(tile_begin + t);
+        issue(tile_begin + t, t);
+      }
+      pa::cp_async_commit();
     }
-    pa::cp_async_commit();
-    if (loader && n_tiles > 1) prefetch(tile_begin + 1);
+    if (loader && STAGES - 1 < n_tiles) prefetch(tile_begin + STAGES - 1);
   }
 
   const float sl2 = scale * PA_LOG2E;
   const unsigned sP_u32 = sbase + OFF_P;
   for (int it = 0; it < n_tiles; ++it) {
-    const int stage = it & 1;
-    pa::cp_async_wait_all();
+    const int stage = it & (STAGES - 1);
+    pa::cp_async_wait<STAGES - 2>();  // this thread's group `it` (tile it) is complete
     fence_proxy_async();
     // [A] Tile `it` (and at it == 0 the Q rows) landed and is visible to wgmma; both WGs
     // finished tile it-1 (their wgmma groups were waited on), so its stage may be refilled.
@@ -224,37 +237,42 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       fence_proxy_async();
       __syncthreads();
     }
-    if (loader && it + 1 < n_tiles) {
-      issue(tile_begin + it + 1, stage ^ 1);
-      pa::cp_async_commit();
-      if (it + 2 < n_tiles) prefetch(tile_begin + it + 2);
+    if (loader && it + STAGES - 1 < n_tiles) {
+      issue(tile_begin + it + STAGES - 1, (it + STAGES - 1) & (STAGES - 1));
+      if (it + STAGES < n_tiles) prefetch(tile_begin + it + STAGES);
     }
+    pa::cp_async_commit();  // group it + STAGES - 1, possibly empty
     const unsigned sK = sbase + OFF_KV + stage * T_BYTES;
-    unsigned pa_frag[4][4];  // P as the A operand of P V: k-step kk covers keys 16 kk .. +15
+    unsigned pa_frag[KS][4];  // P as the A operand of P V: k-step kk covers keys 16 kk .. +15
 
     if (wg == 0) {
-      // ---- S = Q K^T (64 x 64), K = HS in 16-channel steps: 4 steps per 128-byte row.
-      float s[32];
+      // ---- S = Q K^T (64 x BN), K = HS in 16-channel steps: 4 steps per 128-byte row.
+      float s[BN / 2];
 #pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = 0.0f;
+      for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
       fence_regs(s);
       wg_fence();
 #pragma unroll
       for (int ks = 0; ks < HS / 16; ++ks) {
         const unsigned koff = (ks >> 2) * QBLK + (ks & 3) * 32;
         const unsigned toff = (ks >> 2) * TBLK + (ks & 3) * 32;
+#if PA_WG_BN == 64
         wg_ss(s, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
               ks > 0 ? 1 : 0);
+#else
+        wg_ss32(s, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
+                ks > 0 ? 1 : 0);
+#endif
       }
       wg_commit();
       wg_wait0();
       fence_regs(s);
 
-      // ---- Scale, softcap, mask; row maxima (a quad holds a whole row's 64 keys).
+      // ---- Scale, softcap, mask; row maxima (a quad holds a whole row's BN keys).
       const int key0 = (tile_begin + it) * BN;
       float mx[2] = {PA_NEG_INF, PA_NEG_INF};
 #pragma unroll
-      for (int j = 0; j < 8; ++j)
+      for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int hf = e >> 1;
@@ -287,7 +305,7 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       float rs[2] = {0.0f, 0.0f};
       const int r0 = 16 * wq + g;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < BN / 8; ++j) {
         const float p0 = exp2f(s[4 * j + 0] - m_use[0]);
         const float p1 = exp2f(s[4 * j + 1] - m_use[0]);
         const float p2 = exp2f(s[4 * j + 2] - m_use[1]);
@@ -335,7 +353,7 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       // a2: rows 0-7 keys hi, a3: rows 8-15 keys hi).
       const int pr = 16 * wq + (lane & 7) + ((lane >> 3) & 1) * 8;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
+      for (int kk = 0; kk < KS; ++kk) {
         const int c = 2 * kk + (lane >> 4);
         pa::ldsm_x4(pa_frag[kk], sP_u32 + pr * 128 + ((c ^ (pr & 7)) << 4));
       }
@@ -345,7 +363,7 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
     for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk)
+    for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
       for (int q = 0; q < VBW; ++q) {
         const unsigned voff = (wg * VBW + q) * TBLK + kk * (16 * 128);
