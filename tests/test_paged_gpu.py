@@ -17,6 +17,8 @@ from attnrt.ops.paged_attention import (
     PagedAttentionConfig,
     PagedAttentionFactory,
 )
+from attnrt.ops.paged_attention.builds import WG_TILES
+from attnrt.ops.paged_attention.plan import wg_tile
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError
 from attnrt.runtime.latch import PAGED_BLOCK_OUT_OF_RANGE, PAGED_SLOT_OUT_OF_RANGE
@@ -31,9 +33,9 @@ class Bound:
     """A case's inputs on the device, a poisoned output, and the kernel."""
 
     def __init__(self, rt, c, *, path="auto", num_splits=None, meta=None, cache_out=False,
-                 workspace=True):
+                 workspace=True, wg_block_n=None):
         self.rt, self.c, self.meta = rt, c, meta
-        cfg = PagedAttentionConfig(path=path, num_splits=num_splits)
+        cfg = PagedAttentionConfig(path=path, num_splits=num_splits, wg_block_n=wg_block_n)
         self.kernel = PagedAttentionFactory(rt, config=cfg).create(
             c.node, [None if x is None else x.shape for x in c.inputs[:16]])
         self.bufs = {i: DeviceArray.from_numpy(rt, x) for i, x in enumerate(c.inputs[:16])
@@ -116,7 +118,8 @@ def _tensor_core_path(rt, path):
 def test_decode_mla(ledger, rng, kw, path):
     c = make_case(rng, **{**MLA, **kw}, q_lens=(1, 1, 1), past_lens=(0, 37, 700))
     out, cache, plan = run(ledger, c, path=path)
-    assert plan.path == _tensor_core_path(ledger, path) and plan.block_n == 64
+    want = _tensor_core_path(ledger, path)
+    assert plan.path == want and plan.block_n == (wg_tile(c.H) if want == "wg" else 64)
     check(c, out, cache)
     ledger.latch.check()
 
@@ -305,6 +308,14 @@ WG_CASES = {
     "prefill-bf16-h16-rows-span-tokens": dict(H=16, dtype=BF16, rope="half", bs=16,
                                               q_lens=(37, 5, 1), past_lens=(0, 70, 129)),
     "decode-bf16-split": dict(dtype=BF16, rope="half", q_lens=(1,), past_lens=(2900,)),
+    # Lengths 1, 63, 64, 65, 128, 129 (tile and block boundaries) in one batch.
+    "decode-bf16-h16-boundary-lengths": dict(H=16, dtype=BF16, rope="half", bs=64,
+                                             q_lens=(1,) * 6, past_lens=(0, 62, 63, 64, 127, 128)),
+    # Ragged: one sequence 100x longer than the rest.
+    "decode-bf16-h32-ragged-100x": dict(H=32, dtype=BF16, rope="half", bs=64, q_lens=(1,) * 4,
+                                        past_lens=(40, 4099, 37, 41)),
+    "spec-f16-h64-q3-window": dict(H=64, dtype=F16, rope="half", bs=64, window=70,
+                                   q_lens=(3, 3), past_lens=(190, 1)),
 }
 
 
@@ -326,36 +337,43 @@ def _wg_child() -> None:
             failures.append(f"{name}: {type(exc).__name__}: {exc}")
             print(f"wg {name}: FAILED {exc}", flush=True)
 
-    def plain(kw):
+    def plain(kw, bn):
         def fn(rng):
             c = make_case(rng, **{**MLA, **kw})
-            out, cache, plan = run(rt, c, path="wg")
-            assert plan.path == "wg" and plan.block_n == 64, plan
+            out, cache, plan = run(rt, c, path="wg", wg_block_n=bn)
+            assert plan.path == "wg" and plan.block_n == bn, plan
             check(c, out, cache)
             rt.latch.check()
         return fn
 
-    for name, kw in WG_CASES.items():
-        case(name, plain(kw))
+    for bn in WG_TILES:
+        for name, kw in WG_CASES.items():
+            case(f"{name}-tile{bn}", plain(kw, bn))
 
-    def forced_splits(rng):
-        p = make_case(rng, **{**MLA, "H": 64}, dtype=F16, q_lens=(30, 2), past_lens=(3, 400))
-        out, cache, plan = run(rt, p, path="wg", num_splits=5)
-        assert plan.splits == 5
-        check(p, out, cache)
-        rt.latch.check()
+    def forced_splits(bn):
+        def fn(rng):
+            p = make_case(rng, **{**MLA, "H": 64}, dtype=F16, q_lens=(30, 2), past_lens=(3, 400))
+            out, cache, plan = run(rt, p, path="wg", num_splits=5, wg_block_n=bn)
+            assert plan.splits == 5
+            check(p, out, cache)
+            rt.latch.check()
+        return fn
 
-    def out_of_range(rng):
-        bad = make_case(rng, **{**MLA, "H": 16}, dtype=BF16, q_lens=(2, 1), past_lens=(100, 70))
-        bad.inputs[7] = bad.inputs[7].copy()
-        bad.inputs[7][0, 0] = bad.nb + 5
-        bad.inputs[7][1, 1] = -7
-        out, cache, _ = run(rt, bad, path="wg")
-        assert rt.latch.read(clear=True) & PAGED_BLOCK_OUT_OF_RANGE
-        check(bad, out, cache, strict=False)
+    def out_of_range(bn):
+        def fn(rng):
+            bad = make_case(rng, **{**MLA, "H": 16}, dtype=BF16, q_lens=(2, 1),
+                            past_lens=(100, 70))
+            bad.inputs[7] = bad.inputs[7].copy()
+            bad.inputs[7][0, 0] = bad.nb + 5
+            bad.inputs[7][1, 1] = -7
+            out, cache, _ = run(rt, bad, path="wg", wg_block_n=bn)
+            assert rt.latch.read(clear=True) & PAGED_BLOCK_OUT_OF_RANGE
+            check(bad, out, cache, strict=False)
+        return fn
 
-    case("forced-splits-prefill", forced_splits)
-    case("out-of-range-ids", out_of_range)
+    for bn in WG_TILES:
+        case(f"forced-splits-prefill-tile{bn}", forced_splits(bn))
+        case(f"out-of-range-ids-tile{bn}", out_of_range(bn))
     rt.synchronize()
     leaked = rt.memory_stats().live_bytes - before
     rt.close()

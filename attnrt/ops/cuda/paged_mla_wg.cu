@@ -35,6 +35,9 @@
 #ifndef PA_WG_BN
 #define PA_WG_BN 64
 #endif
+#ifndef PA_WG_PIPE
+#define PA_WG_PIPE 0  // 1: S of tile i + 1 is issued before tile i's softmax (needs STAGES >= 3)
+#endif
 
 #if PA_BF16
 typedef __nv_bfloat16 elem_t;
@@ -61,6 +64,7 @@ constexpr int LOAD_ROWS = LOADERS / 8;   // tile rows loaded per pass (8 threads
 constexpr int NPASS = BN / LOAD_ROWS;
 
 static_assert(BN == 64 || BN == 32, "built tiles: 64 or 32 keys");
+static_assert(!PA_WG_PIPE || STAGES >= 3, "PA_WG_PIPE needs a ring of three or more tiles");
 static_assert(HS % 64 == 0, "latent width must be a multiple of 64 (128-byte swizzle rows)");
 static_assert(VHS % 128 == 0 && VHS <= HS, "value width must be a multiple of 128 (two WGs)");
 
@@ -117,7 +121,9 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
 
   const int tid = threadIdx.x;
   const int lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp within it
+  // The warpgroup as a warp-uniform value (a shuffle from lane 0): ptxas then knows the
+  // wg == 0 branches do not diverge within a warp and keeps the wgmma pipelined (C7518).
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wq = warp & 3;
   const int g = lane >> 2, tq = lane & 3;
   const int x = blockIdx.x;
   const int split = blockIdx.y;
@@ -210,14 +216,38 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
 
   const float sl2 = scale * PA_LOG2E;
   const unsigned sP_u32 = sbase + OFF_P;
-  for (int it = 0; it < n_tiles; ++it) {
-    const int stage = it & (STAGES - 1);
-    pa::cp_async_wait<STAGES - 2>();  // this thread's group `it` (tile it) is complete
+  // S = Q K^T (64 x BN) of the tile in `stg`, issued and committed as one wgmma group; K = HS
+  // in 16-channel steps, 4 steps per 128-byte row.
+  auto issue_s = [&](float (&sa)[BN / 2], int stg) {
+    const unsigned sK = sbase + OFF_KV + stg * T_BYTES;
+#if !PA_WG_PIPE
+    // (With PA_WG_PIPE the first step's scale_d = 0 ignores the old values; defining them
+    // here would serialise the pipe, C7515.)
+#pragma unroll
+    for (int i = 0; i < BN / 2; ++i) sa[i] = 0.0f;
+#endif
+    fence_regs(sa);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ++ks) {
+      const unsigned koff = (ks >> 2) * QBLK + (ks & 3) * 32;
+      const unsigned toff = (ks >> 2) * TBLK + (ks & 3) * 32;
+#if PA_WG_BN == 64
+      wg_ss(sa, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
+            ks > 0 ? 1 : 0);
+#else
+      wg_ss32(sa, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
+              ks > 0 ? 1 : 0);
+#endif
+    }
+    wg_commit();
+  };
+  float s_a[BN / 2], s_b[BN / 2];  // WG0: S of this tile and (PA_WG_PIPE) of the next
+  if (n_tiles > 0) {
+    pa::cp_async_wait<STAGES - 2>();  // group 0: Q and tile 0
     fence_proxy_async();
-    // [A] Tile `it` (and at it == 0 the Q rows) landed and is visible to wgmma; both WGs
-    // finished tile it-1 (their wgmma groups were waited on), so its stage may be refilled.
     __syncthreads();
-    if (it == 0 && do_rotary) {
+    if (do_rotary) {
       // Partial RoPE on the query rows in place (each pair belongs to one thread).
       const int half = rd >> 1;
       for (int idx = tid; idx < M * half; idx += NTHREADS) {
@@ -237,6 +267,24 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       fence_proxy_async();
       __syncthreads();
     }
+#if PA_WG_PIPE
+    if (wg == 0) issue_s(s_a, 0);
+#endif
+  }
+  // One tile: `s` holds (PA_WG_PIPE: will hold) this tile's S, `s_nxt` receives the next
+  // tile's. The loop below alternates the two arrays instead of copying one into the other:
+  // a copy would define wgmma accumulators outside a wgmma and serialise the pipe (C7515).
+  auto step = [&](const int it, float (&s)[BN / 2], float (&s_nxt)[BN / 2]) {
+    const int stage = it & (STAGES - 1);
+#if PA_WG_PIPE
+    pa::cp_async_wait<STAGES - 3>();  // this thread's group it + 1 (tile it + 1) is complete
+#else
+    pa::cp_async_wait<STAGES - 2>();  // this thread's group `it` (tile it) is complete
+#endif
+    fence_proxy_async();
+    // [A] Tile `it` (with PA_WG_PIPE tile it + 1) landed and is visible to wgmma; both WGs
+    // finished tile it-1 (their wgmma groups were waited on), so its stage may be refilled.
+    __syncthreads();
     if (loader && it + STAGES - 1 < n_tiles) {
       issue(tile_begin + it + STAGES - 1, (it + STAGES - 1) & (STAGES - 1));
       if (it + STAGES < n_tiles) prefetch(tile_begin + it + STAGES);
@@ -246,26 +294,16 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
     unsigned pa_frag[KS][4];  // P as the A operand of P V: k-step kk covers keys 16 kk .. +15
 
     if (wg == 0) {
-      // ---- S = Q K^T (64 x BN), K = HS in 16-channel steps: 4 steps per 128-byte row.
-      float s[BN / 2];
-#pragma unroll
-      for (int i = 0; i < BN / 2; ++i) s[i] = 0.0f;
-      fence_regs(s);
-      wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < HS / 16; ++ks) {
-        const unsigned koff = (ks >> 2) * QBLK + (ks & 3) * 32;
-        const unsigned toff = (ks >> 2) * TBLK + (ks & 3) * 32;
-#if PA_WG_BN == 64
-        wg_ss(s, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
-              ks > 0 ? 1 : 0);
+#if PA_WG_PIPE
+      // S of the next tile goes to the tensor pipe while this tile's softmax runs. After the
+      // last tile it multiplies a stale stage and is discarded: a branch here would make
+      // ptxas serialise every wgmma (C7518).
+      issue_s(s_nxt, (it + 1) & (STAGES - 1));
+      wg_wait1();
 #else
-        wg_ss32(s, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
-                ks > 0 ? 1 : 0);
-#endif
-      }
-      wg_commit();
+      issue_s(s, stage);
       wg_wait0();
+#endif
       fence_regs(s);
 
       // ---- Scale, softcap, mask; row maxima (a quad holds a whole row's BN keys).
@@ -373,6 +411,10 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
     wg_wait0();
 #pragma unroll
     for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+  };
+  for (int it = 0; it < n_tiles; it += 2) {
+    step(it, s_a, s_b);
+    if (it + 1 < n_tiles) step(it + 1, s_b, s_a);
   }
   pa::cp_async_wait_all();
 
