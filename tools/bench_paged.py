@@ -70,7 +70,8 @@ def _op_config() -> PagedAttentionConfig:
     """Our op's config: :func:`_op_path` and ``$ATTNRT_BENCH_PAGED_WG_TILE`` (the wgmma
     kernel's key tile; unset: the rule)."""
     tile = os.environ.get("ATTNRT_BENCH_PAGED_WG_TILE")
-    return PagedAttentionConfig(path=_op_path(), wg_block_n=int(tile) if tile else None)
+    return PagedAttentionConfig(path=_op_path(), wg_block_n=int(tile) if tile else None,
+                                programmatic=os.environ.get("ATTNRT_BENCH_PAGED_PDL", "1") != "0")
 
 
 def _ceilings(ctx: BenchContext) -> tuple[float, float]:

@@ -432,6 +432,11 @@ paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_l
   const int tid = threadIdx.x, lane = tid & 31;
   const long long row = blockIdx.x;
   if (row >= rows) return;  // uniform
+#if __CUDA_ARCH__ >= 900
+  // May be launched programmatically after the read kernel (kernel.py): wait for its
+  // partials before touching the workspace or the output.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
   const float* lse = ws_lse + row * num_splits;
   // Max and sum of 2^lse, computed redundantly by every warp (no barrier needed).
   float mx = PA_NEG_INF;

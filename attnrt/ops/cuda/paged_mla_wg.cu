@@ -135,6 +135,9 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
   if (b < 0) return;  // surplus CTA (uniform)
   int tile_begin, n_tiles;
   pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
+  // Warp-uniform for ptxas (the same value in every thread already), so the loop's branches
+  // keep the wgmma pipeline intact.
+  n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
 
   // This thread's two rows in the wgmma accumulator layout (the same in both warpgroups):
   // warp wq of a WG owns rows 16 wq .. 16 wq + 15; hf = 0: row g, hf = 1: row g + 8.
@@ -192,10 +195,24 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
     }
   };
 
+  // Tiles issued before the loop (one cp.async group each, the first with Q). Iteration k
+  // refills the ring with tile k + PRE, so at its top group k (tile k) must be complete while
+  // PRE - 1 newer groups may still fly. PA_WG_PIPE issues one tile less ahead because its
+  // iteration k also runs P V of tile k - 1, whose stage is still in use.
+  constexpr int PRE = PA_WG_PIPE ? STAGES - 2 : STAGES - 1;
+  static_assert(PRE >= 1, "the ring must hold the tile in use and one more");
+  // Refill: tile t into its stage (loaders only) and one commit in every thread, so group i
+  // holds tile i in every thread and one wait count serves both warpgroups.
+  auto refill = [&](int t) {
+    if (loader && t < n_tiles) {
+      issue(tile_begin + t, t & (STAGES - 1));
+      if (t + 1 < n_tiles) prefetch(tile_begin + t + 1);
+    }
+    pa::cp_async_commit();
+  };
   if (n_tiles > 0) {
-    // Prologue: Q rows (zero for rows past the sequence) with tile 0 as group 0, tiles 1 ..
-    // STAGES - 2 as groups 1 ..; every thread commits every group (empty ones too), so group
-    // i holds tile i in every thread and one wait count serves both warpgroups.
+    // Prologue: Q rows (zero for rows past the sequence) with tile 0 as group 0, then tiles
+    // 1 .. PRE - 1.
     for (int idx = tid; idx < M * HC; idx += NTHREADS) {
       const int r = idx / HC, c = idx - r * HC;
       const int orow = sRowOut[r];
@@ -203,48 +220,13 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       pa::cp_async16(pa::smem_u32(sQ + sw_off(r, c, QBLK)),
                      ok ? query + (long long)orow * HS + c * 8 : query, ok ? 16 : 0);
     }
+    if (loader) prefetch(tile_begin);
+    // Launched programmatically after the write kernel (kernel.py): everything above reads
+    // only inputs that kernel does not write; the latent cache waits for it to complete.
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #pragma unroll
-    for (int t = 0; t < STAGES - 1; ++t) {
-      if (loader && t < n_tiles) {
-        prefetch(tile_begin + t);
-        issue(tile_begin + t, t);
-      }
-      pa::cp_async_commit();
-    }
-    if (loader && STAGES - 1 < n_tiles) prefetch(tile_begin + STAGES - 1);
-  }
-
-  const float sl2 = scale * PA_LOG2E;
-  const unsigned sP_u32 = sbase + OFF_P;
-  // S = Q K^T (64 x BN) of the tile in `stg`, issued and committed as one wgmma group; K = HS
-  // in 16-channel steps, 4 steps per 128-byte row.
-  auto issue_s = [&](float (&sa)[BN / 2], int stg) {
-    const unsigned sK = sbase + OFF_KV + stg * T_BYTES;
-#if !PA_WG_PIPE
-    // (With PA_WG_PIPE the first step's scale_d = 0 ignores the old values; defining them
-    // here would serialise the pipe, C7515.)
-#pragma unroll
-    for (int i = 0; i < BN / 2; ++i) sa[i] = 0.0f;
-#endif
-    fence_regs(sa);
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < HS / 16; ++ks) {
-      const unsigned koff = (ks >> 2) * QBLK + (ks & 3) * 32;
-      const unsigned toff = (ks >> 2) * TBLK + (ks & 3) * 32;
-#if PA_WG_BN == 64
-      wg_ss(sa, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
-            ks > 0 ? 1 : 0);
-#else
-      wg_ss32(sa, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
-              ks > 0 ? 1 : 0);
-#endif
-    }
-    wg_commit();
-  };
-  float s_a[BN / 2], s_b[BN / 2];  // WG0: S of this tile and (PA_WG_PIPE) of the next
-  if (n_tiles > 0) {
-    pa::cp_async_wait<STAGES - 2>();  // group 0: Q and tile 0
+    for (int t = 0; t < PRE; ++t) refill(t);
+    pa::cp_async_wait<PRE - 1>();  // group 0: Q and tile 0
     fence_proxy_async();
     __syncthreads();
     if (do_rotary) {
@@ -267,155 +249,235 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       fence_proxy_async();
       __syncthreads();
     }
-#if PA_WG_PIPE
-    if (wg == 0) issue_s(s_a, 0);
-#endif
   }
-  // One tile: `s` holds (PA_WG_PIPE: will hold) this tile's S, `s_nxt` receives the next
-  // tile's. The loop below alternates the two arrays instead of copying one into the other:
-  // a copy would define wgmma accumulators outside a wgmma and serialise the pipe (C7515).
-  auto step = [&](const int it, float (&s)[BN / 2], float (&s_nxt)[BN / 2]) {
-    const int stage = it & (STAGES - 1);
-#if PA_WG_PIPE
-    pa::cp_async_wait<STAGES - 3>();  // this thread's group it + 1 (tile it + 1) is complete
-#else
-    pa::cp_async_wait<STAGES - 2>();  // this thread's group `it` (tile it) is complete
-#endif
-    fence_proxy_async();
-    // [A] Tile `it` (with PA_WG_PIPE tile it + 1) landed and is visible to wgmma; both WGs
-    // finished tile it-1 (their wgmma groups were waited on), so its stage may be refilled.
-    __syncthreads();
-    if (loader && it + STAGES - 1 < n_tiles) {
-      issue(tile_begin + it + STAGES - 1, (it + STAGES - 1) & (STAGES - 1));
-      if (it + STAGES < n_tiles) prefetch(tile_begin + it + STAGES);
-    }
-    pa::cp_async_commit();  // group it + STAGES - 1, possibly empty
-    const unsigned sK = sbase + OFF_KV + stage * T_BYTES;
-    unsigned pa_frag[KS][4];  // P as the A operand of P V: k-step kk covers keys 16 kk .. +15
 
-    if (wg == 0) {
-#if PA_WG_PIPE
-      // S of the next tile goes to the tensor pipe while this tile's softmax runs. After the
-      // last tile it multiplies a stale stage and is discarded: a branch here would make
-      // ptxas serialise every wgmma (C7518).
-      issue_s(s_nxt, (it + 1) & (STAGES - 1));
-      wg_wait1();
-#else
-      issue_s(s, stage);
-      wg_wait0();
-#endif
-      fence_regs(s);
-
-      // ---- Scale, softcap, mask; row maxima (a quad holds a whole row's BN keys).
-      const int key0 = (tile_begin + it) * BN;
-      float mx[2] = {PA_NEG_INF, PA_NEG_INF};
+  const float sl2 = scale * PA_LOG2E;
+  const unsigned sP_u32 = sbase + OFF_P;
+  // WG0: S = Q K^T (64 x BN) of the tile in stage `stg`, issued and committed as one wgmma
+  // group; K = HS in 16-channel steps, 4 steps per 128-byte row.
+  auto issue_s = [&](float (&sa)[BN / 2], int stg) {
+    const unsigned sK = sbase + OFF_KV + stg * T_BYTES;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int hf = e >> 1;
-          const int kl = 8 * j + 2 * tq + (e & 1);
-          const int jj = key0 + kl;
-          const bool ok = sValid[stage * BN + kl] && jj >= my_lo[hf] && jj <= my_p[hf];
-          float v;
-          if (softcap > 0.0f) {
-            v = softcap * tanhf(s[4 * j + e] * scale / softcap) * PA_LOG2E;
-          } else {
-            v = s[4 * j + e] * sl2;
-          }
-          v = ok ? v : PA_NEG_INF;
-          s[4 * j + e] = v;
-          mx[hf] = fmaxf(mx[hf], v);
-        }
-      float corr[2], m_use[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        float v = mx[hf];
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-        const float m_new = fmaxf(m_run[hf], v);
-        // A row with no key yet keeps m = -inf; use 0 so no (-inf) - (-inf) appears.
-        m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
-        corr[hf] = exp2f(m_run[hf] - m_use[hf]);
-        m_run[hf] = m_new;
-      }
-      // ---- P = 2^(s - m): A fragments (row g: regs 0/2, row g+8: regs 1/3) and shared memory.
-      float rs[2] = {0.0f, 0.0f};
-      const int r0 = 16 * wq + g;
-#pragma unroll
-      for (int j = 0; j < BN / 8; ++j) {
-        const float p0 = exp2f(s[4 * j + 0] - m_use[0]);
-        const float p1 = exp2f(s[4 * j + 1] - m_use[0]);
-        const float p2 = exp2f(s[4 * j + 2] - m_use[1]);
-        const float p3 = exp2f(s[4 * j + 3] - m_use[1]);
-        rs[0] += p0 + p1;
-        rs[1] += p2 + p3;
-        const unsigned lo = N::pack2(p0, p1), hi = N::pack2(p2, p3);
-        pa_frag[j >> 1][2 * (j & 1) + 0] = lo;
-        pa_frag[j >> 1][2 * (j & 1) + 1] = hi;
-        *reinterpret_cast<unsigned*>(sP + r0 * 128 + ((j ^ (r0 & 7)) << 4) + 4 * tq) = lo;
-        *reinterpret_cast<unsigned*>(sP + (r0 + 8) * 128 + ((j ^ ((r0 + 8) & 7)) << 4) + 4 * tq) =
-            hi;
-      }
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * corr[hf] + rs[hf];
-      if (tq == 0) {
-        sCorr[r0] = corr[0];
-        sCorr[r0 + 8] = corr[1];
-      }
-#pragma unroll
-      for (int q = 0; q < VBW; ++q)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          o[q][4 * j + 0] *= corr[0];
-          o[q][4 * j + 1] *= corr[0];
-          o[q][4 * j + 2] *= corr[1];
-          o[q][4 * j + 3] *= corr[1];
-        }
-    }
-    __syncthreads();  // [B] P and the row rescale factors are in shared memory
-    if (wg == 1) {
-      const int r0 = 16 * wq + g;
-      const float c0 = sCorr[r0], c1 = sCorr[r0 + 8];
-#pragma unroll
-      for (int q = 0; q < VBW; ++q)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          o[q][4 * j + 0] *= c0;
-          o[q][4 * j + 1] *= c0;
-          o[q][4 * j + 2] *= c1;
-          o[q][4 * j + 3] *= c1;
-        }
-      // ldmatrix x4: matrices (rows 0-7 | 8-15) x (keys 16kk + 0-7 | 8-15) of this warp's 16
-      // rows, in the order of the A fragment (a0: rows 0-7 keys lo, a1: rows 8-15 keys lo,
-      // a2: rows 0-7 keys hi, a3: rows 8-15 keys hi).
-      const int pr = 16 * wq + (lane & 7) + ((lane >> 3) & 1) * 8;
-#pragma unroll
-      for (int kk = 0; kk < KS; ++kk) {
-        const int c = 2 * kk + (lane >> 4);
-        pa::ldsm_x4(pa_frag[kk], sP_u32 + pr * 128 + ((c ^ (pr & 7)) << 4));
-      }
-    }
-    // ---- O[:, this WG's 256 columns] += P V; V = the tile's channels, N-major.
-#pragma unroll
-    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+    for (int i = 0; i < BN / 2; ++i) sa[i] = 0.0f;
+    fence_regs(sa);
     wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ++ks) {
+      const unsigned koff = (ks >> 2) * QBLK + (ks & 3) * 32;
+      const unsigned toff = (ks >> 2) * TBLK + (ks & 3) * 32;
+#if PA_WG_BN == 64
+      wg_ss(sa, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
+            ks > 0 ? 1 : 0);
+#else
+      wg_ss32(sa, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
+              ks > 0 ? 1 : 0);
+#endif
+    }
+    wg_commit();
+  };
+  // WG0: online softmax of tile t (stage stg) from its S: scale, softcap, mask, running max
+  // and sum (a quad holds a whole row's BN keys), P = 2^(s - m) as the A fragments of P V
+  // (row g: regs 0/2, row g+8: regs 1/3) and in shared memory for WG1; the row rescale in
+  // corr and sCorr. Reads S without writing it (in-place writes to a wgmma accumulator
+  // would serialise the pipelined schedule, C7515).
+  auto softmax = [&](const float (&sa)[BN / 2], int t, int stg, unsigned (&frag)[KS][4],
+                     float (&corr)[2]) {
+    const int key0 = (tile_begin + t) * BN;
+    float v[BN / 2];
+    float mx[2] = {PA_NEG_INF, PA_NEG_INF};
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1;
+        const int kl = 8 * j + 2 * tq + (e & 1);
+        const int jj = key0 + kl;
+        const bool ok = sValid[stg * BN + kl] && jj >= my_lo[hf] && jj <= my_p[hf];
+        float x;
+        if (softcap > 0.0f) {
+          x = softcap * tanhf(sa[4 * j + e] * scale / softcap) * PA_LOG2E;
+        } else {
+          x = sa[4 * j + e] * sl2;
+        }
+        x = ok ? x : PA_NEG_INF;
+        v[4 * j + e] = x;
+        mx[hf] = fmaxf(mx[hf], x);
+      }
+    float m_use[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      float x = mx[hf];
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      const float m_new = fmaxf(m_run[hf], x);
+      // A row with no key yet keeps m = -inf; use 0 so no (-inf) - (-inf) appears.
+      m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
+      corr[hf] = exp2f(m_run[hf] - m_use[hf]);
+      m_run[hf] = m_new;
+    }
+    float rs[2] = {0.0f, 0.0f};
+    const int r0 = 16 * wq + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      const float p0 = exp2f(v[4 * j + 0] - m_use[0]);
+      const float p1 = exp2f(v[4 * j + 1] - m_use[0]);
+      const float p2 = exp2f(v[4 * j + 2] - m_use[1]);
+      const float p3 = exp2f(v[4 * j + 3] - m_use[1]);
+      rs[0] += p0 + p1;
+      rs[1] += p2 + p3;
+      const unsigned lo = N::pack2(p0, p1), hi = N::pack2(p2, p3);
+      frag[j >> 1][2 * (j & 1) + 0] = lo;
+      frag[j >> 1][2 * (j & 1) + 1] = hi;
+      *reinterpret_cast<unsigned*>(sP + r0 * 128 + ((j ^ (r0 & 7)) << 4) + 4 * tq) = lo;
+      *reinterpret_cast<unsigned*>(sP + (r0 + 8) * 128 + ((j ^ ((r0 + 8) & 7)) << 4) + 4 * tq) =
+          hi;
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * corr[hf] + rs[hf];
+    if (tq == 0) {
+      sCorr[r0] = corr[0];
+      sCorr[r0 + 8] = corr[1];
+    }
+  };
+  // O of this warpgroup's rows g and g + 8 scaled by c0 and c1.
+  auto rescale = [&](float c0, float c1) {
+#pragma unroll
+    for (int q = 0; q < VBW; ++q)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[q][4 * j + 0] *= c0;
+        o[q][4 * j + 1] *= c0;
+        o[q][4 * j + 2] *= c1;
+        o[q][4 * j + 3] *= c1;
+      }
+  };
+  // WG1: P from shared memory as A fragments (ldmatrix x4: matrices (rows 0-7 | 8-15) x (keys
+  // 16kk + 0-7 | 8-15) of this warp's 16 rows, in the A fragment's order) and O rescaled.
+  auto take_p = [&](unsigned (&frag)[KS][4]) {
+    const int r0 = 16 * wq + g;
+    rescale(sCorr[r0], sCorr[r0 + 8]);
+    const int pr = 16 * wq + (lane & 7) + ((lane >> 3) & 1) * 8;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const int c = 2 * kk + (lane >> 4);
+      pa::ldsm_x4(frag[kk], sP_u32 + pr * 128 + ((c ^ (pr & 7)) << 4));
+    }
+  };
+  // O[:, this WG's 256 columns] += P V (issued, not committed); V = the tile's leading VHS
+  // channels in stage stg, N-major.
+  // fence: pin O and fence first (false when the caller did so before an earlier wgmma of
+  // the same group: touching O between two issues serialises the pipe, C7514).
+  auto issue_pv = [&](const unsigned (&frag)[KS][4], int stg, bool fence = true) {
+    const unsigned sK = sbase + OFF_KV + stg * T_BYTES;
+    if (fence) {
+#pragma unroll
+      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+      wg_fence();
+    }
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
       for (int q = 0; q < VBW; ++q) {
         const unsigned voff = (wg * VBW + q) * TBLK + kk * (16 * 128);
-        wg_rs(o[q], pa_frag[kk], desc_sw128(sK + voff, TBLK, 1024));
+        wg_rs(o[q], frag[kk], desc_sw128(sK + voff, TBLK, 1024));
       }
+  };
+
+  unsigned frag[KS][4];  // P of the tile whose P V comes next
+  float s[BN / 2];       // WG0: S of one tile
+  float corr[2];
+#if !PA_WG_PIPE
+  for (int k = 0; k < n_tiles; ++k) {
+    const int stage = k & (STAGES - 1);
+    pa::cp_async_wait<PRE - 1>();  // this thread's group k (tile k) is complete
+    fence_proxy_async();
+    // [A] Tile k landed and is visible to wgmma; both WGs finished tile k - 1 (their wgmma
+    // groups were waited on), so its stage may be refilled.
+    __syncthreads();
+    refill(k + PRE);
+    if (wg == 0) {
+      issue_s(s, stage);
+      wg_wait0();
+      fence_regs(s);
+      softmax(s, k, stage, frag, corr);
+      rescale(corr[0], corr[1]);
+    }
+    __syncthreads();  // [B] P and the row rescale factors are in shared memory
+    if (wg == 1) take_p(frag);
+    issue_pv(frag, stage);
     wg_commit();
     wg_wait0();
 #pragma unroll
     for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
-  };
-  for (int it = 0; it < n_tiles; it += 2) {
-    step(it, s_a, s_b);
-    if (it + 1 < n_tiles) step(it + 1, s_b, s_a);
   }
+#else
+  // Iteration k: WG0 issues S of tile k, then P V of tile k - 1 (both WGs), and runs tile k's
+  // softmax while the tensor pipe works on that P V; O is rescaled once P V has retired.
+  // Tile 0's S (k = 0) and the last P V (k = n_tiles) are peeled off, so the loop body has
+  // no branch between its wgmma issues (a branch there serialises the pipe, C7514).
+  auto top = [&](int k) {
+    pa::cp_async_wait<PRE - 1>();  // this thread's group k (tile k) is complete
+    fence_proxy_async();
+    // [A] Tile k landed; both WGs finished P V of tile k - 2, so its stage may be refilled.
+    __syncthreads();
+    refill(k + PRE);
+  };
+  // Tile k with P V of tile k - 1 from `fin`; tile k's P goes to `fout`. The caller alternates
+  // two fragment arrays: with one array (and a copy) the compiler would define the P V's
+  // input registers while that P V is in flight (serialising the pipe, C7513).
+  auto body = [&](int k, unsigned (&fin)[KS][4], unsigned (&fout)[KS][4]) {
+    top(k);
+    if (wg == 0) {
+#pragma unroll
+      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+      issue_s(s, k & (STAGES - 1));
+      issue_pv(fin, (k - 1) & (STAGES - 1), false);
+      wg_commit();
+      wg_wait1();
+      softmax(s, k, k & (STAGES - 1), fout, corr);
+      wg_wait0();
+#pragma unroll
+      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+      rescale(corr[0], corr[1]);
+    } else {
+      issue_pv(fin, (k - 1) & (STAGES - 1));
+      wg_commit();
+      wg_wait0();
+#pragma unroll
+      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+    }
+    __syncthreads();  // [B] P of tile k and its row rescale factors are in shared memory
+    if (wg == 1) take_p(fout);
+  };
+  unsigned frag_b[KS][4];
+  if (n_tiles > 0) {
+    top(0);
+    if (wg == 0) {
+      issue_s(s, 0);
+      wg_wait0();
+      softmax(s, 0, 0, frag, corr);  // O is still zero: no rescale
+    }
+    __syncthreads();  // [B] P of tile 0 is in shared memory
+    if (wg == 1) take_p(frag);
+  }
+  for (int k = 1; k < n_tiles; k += 2) {
+    body(k, frag, frag_b);
+    if (k + 1 < n_tiles) body(k + 1, frag_b, frag);
+  }
+  if (n_tiles > 0) {
+    top(n_tiles);
+    // The last tile's P: in frag_b when n_tiles - 1 is odd.
+    if ((n_tiles - 1) & 1) {
+      issue_pv(frag_b, (n_tiles - 1) & (STAGES - 1));
+    } else {
+      issue_pv(frag, (n_tiles - 1) & (STAGES - 1));
+    }
+    wg_commit();
+    wg_wait0();
+#pragma unroll
+    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+  }
+#endif
   pa::cp_async_wait_all();
 
   // ---- Epilogue: WG0 publishes the row sums (and the split's log2-sum-exp), both write O.

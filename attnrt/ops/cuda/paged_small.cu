@@ -16,6 +16,11 @@ __device__ void write_rows(const T* __restrict__ key, const T* __restrict__ cos_
                            T* __restrict__ key_cache, unsigned* __restrict__ latch, int n_tokens,
                            int B, int hs, int num_slots, int rd, int off, int max_pos,
                            int interleaved, int do_rotary) {
+#if __CUDA_ARCH__ >= 900
+  // The read kernel may be launched programmatically after this one (paged_attention
+  // kernel.py): let it start its prologue now; it waits for this grid before reading keys.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const int t = blockIdx.x;
   if (t >= n_tokens) return;
   const int slot = slot_mapping[t];

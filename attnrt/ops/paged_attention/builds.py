@@ -7,6 +7,8 @@ sm_90a wgmma latent kernel). The shared-memory helpers mirror the layouts in tho
 
 from __future__ import annotations
 
+import os
+
 from attnrt.runtime.api import DataType
 
 from .._common import Variant
@@ -108,7 +110,9 @@ def wg_variant(dtype: DataType, shape: tuple[int, int] = MLA_SHAPES[0],
     """The sm_90a wgmma latent kernel for one dtype, (head, value) width and key tile."""
     return Variant("paged_mla_wg.cu", ("paged_mla_wg_fwd",),
                    {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
-                    "PA_VHS": shape[1], "PA_WG_BN": block_n}, min_arch=90, arch_suffix="a")
+                    "PA_VHS": shape[1], "PA_WG_BN": block_n,
+                    **({"PA_WG_PIPE": int(os.environ.get("ATTNRT_WG_PIPE", "0"))} if block_n == 32 else {})},
+                   min_arch=90, arch_suffix="a")
 
 
 def compile_variants() -> list[Variant]:

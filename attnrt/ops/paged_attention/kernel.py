@@ -258,8 +258,8 @@ class PagedAttentionKernel:
                "signature before capturing")
         launches = self._launches(geo, plan, views, out, workspace) if plan.path != "none" else []
         self.last_plan = plan
-        for fn, grid, block, args, smem in launches:
-            self.rt.launch(fn, grid, block, args, shared_mem=smem)
+        for fn, grid, block, args, smem, prog in launches:
+            self.rt.launch(fn, grid, block, args, shared_mem=smem, programmatic=prog)
         if not capturing:
             self._warmed.add(signature)
         self._last_ok = True
@@ -273,8 +273,10 @@ class PagedAttentionKernel:
 
     def _launches(self, g: PagedGeometry, p: PagedPlan, v: list, out: TensorMut,
                   ws: WorkspaceView | None) -> list[tuple]:
-        """Every launch of the call as ``(fn, grid, block, args, shared_mem)``, compiled and
-        checked against the launch limits, so that nothing can fail between two launches."""
+        """Every launch of the call as ``(fn, grid, block, args, shared_mem, programmatic)``,
+        compiled and checked against the launch limits, so that nothing can fail between two
+        launches. Programmatic dependent launch (docs/notes/paged_attention.md#pdl): the wgmma
+        read after this call's write kernel, and the combine after the read kernel."""
         a = self.attrs
         i32, f32 = np.int32, np.float32
         sfx = "bf16" if g.dtype == DataType.BFLOAT16 else "f16"
@@ -293,7 +295,7 @@ class PagedAttentionKernel:
                          (builds.WRITE_THREADS, 1, 1),
                          [key.ptr, cos_p, sin_p, slot.ptr, cu.ptr, past.ptr, kc.ptr, latch,
                           i32(g.tokens), i32(g.batch), i32(g.head_size),
-                          i32(g.num_blocks * g.block_size), *rope], 0))
+                          i32(g.num_blocks * g.block_size), *rope], 0, False))
         common = [i32(g.num_blocks), i32(g.block_size), i32(g.max_blocks), *rope, f32(g.scale),
                   f32(a.softcap), i32(a.window)]
         if p.path == "simple":
@@ -302,12 +304,14 @@ class PagedAttentionKernel:
                          (builds.SIMPLE_THREADS, 1, 1),
                          [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, latch,
                           i32(g.tokens), i32(g.heads), i32(g.batch), i32(g.head_size),
-                          i32(g.v_head_size), *common], smem))
+                          i32(g.v_head_size), *common], smem, False))
             return self._checked(todo)
         # The wgmma kernel uses the mma.sync variant's combine (same partials layout).
         mla = builds.mla_variant(g.dtype, p.block_n)
         ws_o, ws_lse = (ws.ptr, ws.ptr + p.ws_lse_offset) if ws is not None and p.splits > 1 \
             else (0, 0)
+        cc = tuple(getattr(self._caps(), "compute_capability", (0, 0)))
+        pdl = self.config.programmatic and cc >= (9, 0)
         if "read" in self._phases:
             if p.path == "wg":
                 fn = self._fn(builds.wg_variant(g.dtype, block_n=p.block_n), "paged_mla_wg_fwd")
@@ -317,17 +321,17 @@ class PagedAttentionKernel:
             todo.append((fn, (p.grid_x, p.splits, 1), (builds.MLA_THREADS, 1, 1),
                          [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o,
                           ws_lse, latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common,
-                          i32(p.splits)], smem))
+                          i32(p.splits)], smem, pdl and p.path == "wg" and "write" in self._phases))
         if p.splits > 1 and "combine" in self._phases:
             rows = g.tokens * g.heads
             todo.append((self._fn(mla, "paged_mla_combine"), (rows, 1, 1),
                          (builds.COMBINE_THREADS, 1, 1), [ws_o, ws_lse, out.ptr, i32(rows),
-                                                          i32(p.splits)], 0))
+                                                          i32(p.splits)], 0, pdl))
         return self._checked(todo)
 
     def _checked(self, todo: list[tuple]) -> list[tuple]:
         optin = self._caps().max_shared_per_block_optin
-        for fn, grid, _, _, smem in todo:
+        for fn, grid, _, _, smem, _ in todo:
             expect(all(0 < n <= m for n, m in zip(grid, _GRID_MAX)) and smem <= optin,
                    f"{OP}: launch of {getattr(fn, 'name', fn)} with grid {grid} and {smem} bytes "
                    f"of shared memory exceeds the device's limits {_GRID_MAX} / {optin} bytes")

@@ -96,6 +96,11 @@ class PagedAttentionConfig:
         predicted): see ``docs/notes/paged_attention.md#split-cost-model``.
     combine_launch_us, combine_bytes_per_us
         The combine launch and its read rate of the partials (they mostly sit in L2).
+    programmatic
+        Launch the wgmma read kernel and the combine with programmatic dependent launch
+        where the device has it (compute capability 9.0+): each may start while the kernel
+        before it finishes (``docs/notes/paged_attention.md#pdl``). ``False``: plain stream
+        order.
 
     Raises
     ------
@@ -114,6 +119,7 @@ class PagedAttentionConfig:
     wg_cost: SplitCost = field(default=SplitCost(2.0, 3.0, 1.0))
     combine_launch_us: float = 2.0
     combine_bytes_per_us: float = 3.0e6
+    programmatic: bool = True
 
     def __post_init__(self) -> None:
         # Integer knobs are checked (and numpy integers converted) here, so that a bad value
