@@ -357,3 +357,36 @@ def test_8_float_attributes_are_float32_for_kernel_and_reference(rng):
     r.rt.launches.clear()
     r.c.node.attributes["scale"] = 1e-46
     r.refuses(lambda: r.run(), KernelError, "scale")
+
+
+# --------------------------------------------------------------- programmatic dependent launch
+
+@pytest.mark.parametrize("cc, programmatic, want", [
+    ((9, 0), True, [False, True, True]),    # read after write, combine after read
+    ((9, 0), False, [False, False, False]),
+    ((8, 0), True, [False, False, False]),  # no griddepcontrol before sm_90
+])
+def test_pdl_flags_of_the_wgmma_path(cc, programmatic, want):
+    rig = Rig(np.random.default_rng(5), H=16, hs=576, vhs=512, bs=64, rd=64, offset=512,
+              rope="half", q_lens=(1, 1), past_lens=(300, 70))
+    rig.rt.capabilities.compute_capability = cc
+    path = "wg" if cc >= (9, 0) else "mla"
+    rig.run(config=PagedAttentionConfig(path=path, num_splits=3, programmatic=programmatic))
+    read = "paged_mla_wg_fwd" if path == "wg" else "paged_mla_fwd"
+    assert [ln.name for ln in rig.rt.launches] == ["paged_write_bf16", read, "paged_mla_combine"]
+    assert [ln.programmatic for ln in rig.rt.launches] == want
+
+
+def test_pdl_read_is_plain_without_the_write_phase():
+    """The read kernel reads inputs before its griddepcontrol.wait, so it is programmatic only
+    right after this call's own write kernel."""
+    rig = Rig(np.random.default_rng(6), H=16, hs=576, vhs=512, bs=64, rd=64, offset=512,
+              q_lens=(1,), past_lens=(500,))
+    cfg = PagedAttentionConfig(path="wg", num_splits=2)
+    kern = PagedAttentionFactory(rig.rt, config=cfg).create(rig.c.node, rig.shapes())
+    kern._phases = frozenset(("read", "combine"))
+    req = kern.workspace_requirement([None if t is None or t.absent else t.meta
+                                      for t in rig.ins[:16]])
+    kern.execute(rig.ins, [rig.out], WorkspaceView(rig.rt.address(req.nbytes), req.nbytes))
+    assert [(ln.name, ln.programmatic) for ln in rig.rt.launches] == [
+        ("paged_mla_wg_fwd", False), ("paged_mla_combine", True)]
