@@ -20,7 +20,6 @@ from attnrt.ops import _common, factory_class, reference
 from attnrt.ops import paged_attention as pa
 from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory, PagedAttentionKernel
 from attnrt.ops.paged_attention import schema as ps
-from attnrt.ops.paged_attention.builds import WG_TILES
 from attnrt.runtime import compiler
 from attnrt.runtime.api import DataType, Node, TensorMetadata, WorkspaceRequirement
 from attnrt.runtime.errors import KernelError, Unsupported
@@ -359,7 +358,7 @@ def _mla_kernel(H: int = 128, **kw) -> PagedAttentionKernel:
 
 def test_plan_auto_takes_the_wgmma_kernel_on_compute_capability_9_0():
     p = _mla_kernel(path="auto").plan(_decode_metas(128, 8192))
-    assert (p.path, p.block_n) == ("wg", pa.wg_tile(128))
+    assert (p.path, p.block_n) == ("wg", 64)
 
 
 def test_plan_decode_large_batch_does_not_split():
@@ -473,11 +472,11 @@ def test_reference_math_is_independent_of_the_kernel_modules():
 def test_plan_wgmma_path():
     k = _mla_kernel(path="wg")
     p = k.plan(_decode_metas(1, 8192))
-    assert (p.path, p.block_n, p.grid_x) == ("wg", pa.wg_tile(128), 2) and p.splits > 1
+    assert (p.path, p.block_n, p.grid_x) == ("wg", 64, 2) and p.splits > 1
     assert (p.ws_lse_offset, p.ws_bytes) == pa.workspace_layout(128, 512, p.splits)
     assert k.workspace_requirement(_decode_metas(1, 8192)).nbytes == p.ws_bytes
     assert k.plan(_decode_metas(128, 8192)).splits == 1
-    assert all(pa.mla_wg_smem_bytes(576, bn) <= 232448 for bn in WG_TILES)  # sm_90 opt-in
+    assert pa.mla_wg_smem_bytes() <= 232448  # sm_90 opt-in
     a100 = _mla_kernel(path="wg")
     a100._caps = lambda: SimpleNamespace(sm_count=108, max_shared_per_block_optin=166912,
                                          compute_capability=(8, 0))

@@ -17,8 +17,6 @@ from attnrt.ops.paged_attention import (
     PagedAttentionConfig,
     PagedAttentionFactory,
 )
-from attnrt.ops.paged_attention.builds import WG_TILES
-from attnrt.ops.paged_attention.plan import wg_tile
 from attnrt.runtime.api import DataType, TensorMut, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError
 from attnrt.runtime.latch import PAGED_BLOCK_OUT_OF_RANGE, PAGED_SLOT_OUT_OF_RANGE
@@ -33,9 +31,9 @@ class Bound:
     """A case's inputs on the device, a poisoned output, and the kernel."""
 
     def __init__(self, rt, c, *, path="auto", num_splits=None, meta=None, cache_out=False,
-                 workspace=True, wg_block_n=None):
+                 workspace=True, programmatic=True):
         self.rt, self.c, self.meta = rt, c, meta
-        cfg = PagedAttentionConfig(path=path, num_splits=num_splits, wg_block_n=wg_block_n)
+        cfg = PagedAttentionConfig(path=path, num_splits=num_splits, programmatic=programmatic)
         self.kernel = PagedAttentionFactory(rt, config=cfg).create(
             c.node, [None if x is None else x.shape for x in c.inputs[:16]])
         self.bufs = {i: DeviceArray.from_numpy(rt, x) for i, x in enumerate(c.inputs[:16])
@@ -118,8 +116,7 @@ def _tensor_core_path(rt, path):
 def test_decode_mla(ledger, rng, kw, path):
     c = make_case(rng, **{**MLA, **kw}, q_lens=(1, 1, 1), past_lens=(0, 37, 700))
     out, cache, plan = run(ledger, c, path=path)
-    want = _tensor_core_path(ledger, path)
-    assert plan.path == want and plan.block_n == (wg_tile(c.H) if want == "wg" else 64)
+    assert plan.path == _tensor_core_path(ledger, path) and plan.block_n == 64
     check(c, out, cache)
     ledger.latch.check()
 
@@ -337,43 +334,43 @@ def _wg_child() -> None:
             failures.append(f"{name}: {type(exc).__name__}: {exc}")
             print(f"wg {name}: FAILED {exc}", flush=True)
 
-    def plain(kw, bn):
+    def plain(kw, pdl):
         def fn(rng):
             c = make_case(rng, **{**MLA, **kw})
-            out, cache, plan = run(rt, c, path="wg", wg_block_n=bn)
-            assert plan.path == "wg" and plan.block_n == bn, plan
+            out, cache, plan = run(rt, c, path="wg", programmatic=pdl)
+            assert plan.path == "wg" and plan.block_n == 64, plan
             check(c, out, cache)
             rt.latch.check()
         return fn
 
-    for bn in WG_TILES:
+    for pdl in (True, False):
         for name, kw in WG_CASES.items():
-            case(f"{name}-tile{bn}", plain(kw, bn))
+            case(f"{name}-pdl{int(pdl)}", plain(kw, pdl))
 
-    def forced_splits(bn):
+    def forced_splits(pdl):
         def fn(rng):
             p = make_case(rng, **{**MLA, "H": 64}, dtype=F16, q_lens=(30, 2), past_lens=(3, 400))
-            out, cache, plan = run(rt, p, path="wg", num_splits=5, wg_block_n=bn)
+            out, cache, plan = run(rt, p, path="wg", num_splits=5, programmatic=pdl)
             assert plan.splits == 5
             check(p, out, cache)
             rt.latch.check()
         return fn
 
-    def out_of_range(bn):
+    def out_of_range(pdl):
         def fn(rng):
             bad = make_case(rng, **{**MLA, "H": 16}, dtype=BF16, q_lens=(2, 1),
                             past_lens=(100, 70))
             bad.inputs[7] = bad.inputs[7].copy()
             bad.inputs[7][0, 0] = bad.nb + 5
             bad.inputs[7][1, 1] = -7
-            out, cache, _ = run(rt, bad, path="wg", wg_block_n=bn)
+            out, cache, _ = run(rt, bad, path="wg", programmatic=pdl)
             assert rt.latch.read(clear=True) & PAGED_BLOCK_OUT_OF_RANGE
             check(bad, out, cache, strict=False)
         return fn
 
-    for bn in WG_TILES:
-        case(f"forced-splits-prefill-tile{bn}", forced_splits(bn))
-        case(f"out-of-range-ids-tile{bn}", out_of_range(bn))
+    for pdl in (True, False):
+        case(f"forced-splits-prefill-pdl{int(pdl)}", forced_splits(pdl))
+        case(f"out-of-range-ids-pdl{int(pdl)}", out_of_range(pdl))
     rt.synchronize()
     leaked = rt.memory_stats().live_bytes - before
     rt.close()

@@ -176,14 +176,13 @@ def test_rule_never_picks_fewer_splits_than_the_previous_rule(path):
                  np.array([int(q.max()), int(lengths.max()) // 2 + 1])]
         for meta in metas:
             p = pp.plan_launch(g, window, H200, cfg, meta)
-            bn = 64 if path == "wg" else p.block_n  # the wgmma cost model counts 64-key tiles
-            old = old_auto(g, window, path, bn)
+            old = old_auto(g, window, path, p.block_n)
             if meta is not None:
-                old = min(old, old_auto(g, window, path, bn, meta))
+                old = min(old, old_auto(g, window, path, p.block_n, meta))
             assert p.splits >= old, (q, lengths, H, window, meta)
-            want = old_auto(g, window, path, bn, busy=True)
+            want = old_auto(g, window, path, p.block_n, busy=True)
             if meta is not None:
-                want = min(want, old_auto(g, window, path, bn, meta, busy=True))
+                want = min(want, old_auto(g, window, path, p.block_n, meta, busy=True))
             assert p.splits == want
             if H % M == 0:  # no spare row block: the plan is the previous one
                 assert p.splits == old

@@ -67,11 +67,11 @@ def _op_path() -> str:
 
 
 def _op_config() -> PagedAttentionConfig:
-    """Our op's config: :func:`_op_path` and ``$ATTNRT_BENCH_PAGED_WG_TILE`` (the wgmma
-    kernel's key tile; unset: the rule)."""
-    tile = os.environ.get("ATTNRT_BENCH_PAGED_WG_TILE")
-    return PagedAttentionConfig(path=_op_path(), wg_block_n=int(tile) if tile else None,
-                                programmatic=os.environ.get("ATTNRT_BENCH_PAGED_PDL", "1") != "0")
+    """Our op's config: :func:`_op_path`; ``$ATTNRT_BENCH_PAGED_PDL=0`` turns programmatic
+    dependent launch off, ``$ATTNRT_BENCH_PAGED_MAX_SPLITS`` sets ``max_splits``."""
+    return PagedAttentionConfig(
+        path=_op_path(), programmatic=os.environ.get("ATTNRT_BENCH_PAGED_PDL", "1") != "0",
+        max_splits=int(os.environ.get("ATTNRT_BENCH_PAGED_MAX_SPLITS", "64")))
 
 
 def _ceilings(ctx: BenchContext) -> tuple[float, float]:

@@ -3,22 +3,21 @@
 // Same contract, grid and workspace as paged_mla_fwd (paged_mla.cu): grid (row blocks, splits),
 // a CTA owns M = 64 (token, head) rows of one sequence and one split of its key range; the
 // partials it writes are merged by paged_mla_combine of paged_mla.cu. Defines: PA_BF16,
-// PA_HS / PA_VHS (576 / 512), PA_WG_BN (keys per tile: 64 or 32).
+// PA_HS / PA_VHS (576 / 512). Tiles are BN = 64 keys (why not 32:
+// docs/notes/paged_attention.md#wg-tile).
 //
-// 256 threads = two warpgroups (WG). Shared memory holds Q (64 x 576) and a ring of STAGES
-// BN x 576 latent tiles (2 x 64 keys or 4 x 32: the same bytes; the 32-key ring keeps up to
-// three tiles in flight while one is consumed, docs/notes/paged_attention.md#wg-tile), all in
-// the wgmma "128-byte swizzle" layout: 64-channel blocks of
+// 256 threads = two warpgroups (WG). Shared memory holds Q (64 x 576) and two stages of the
+// 64 x 576 latent tile, all in the wgmma "128-byte swizzle" layout: 64-channel blocks of
 // [rows][128 bytes], 16-byte chunk c of row r stored at chunk c ^ (r & 7), blocks 1024-byte
 // aligned. The same bytes are read K-major (Q and K for S = Q K^T) and N-major (V for P V).
 // Per tile:
-//   WG1:  cp.async of tile i + STAGES - 1 into the stage tile i - 1 left (after barrier A);
-//   WG0:  S = Q K^T as 36 wgmma m64nBNk16 (A = Q, B = K, both from shared memory); mask,
+//   WG1:  cp.async of the next tile into the other stage (issued after barrier A);
+//   WG0:  S = Q K^T as 36 wgmma m64n64k16 (A = Q, B = K, both from shared memory); mask,
 //         online softmax in the log2 domain (a warp owns 16 whole rows: quad shuffles only);
 //         P (bf16/f16) kept in registers as the A operand and stored to shared memory; the
 //         row rescale factors to shared memory;
 //   barrier B;
-//   WG0/WG1: O[:, 256 wg + (0..255)] = O * corr + P V as BN/4 wgmma m64n64k16 with A = P from
+//   WG0/WG1: O[:, 256 wg + (0..255)] = O * corr + P V as 16 wgmma m64n64k16 with A = P from
 //         registers (WG1 loads it with ldmatrix) and B = V (the tile's leading 512 channels).
 // WG0 owns the softmax state; WG1 only rescales. O is 64 x 256 f32 per WG = 128 registers.
 #include "paged_common.cuh"
@@ -31,12 +30,6 @@
 #endif
 #ifndef PA_VHS
 #define PA_VHS 512
-#endif
-#ifndef PA_WG_BN
-#define PA_WG_BN 64
-#endif
-#ifndef PA_WG_PIPE
-#define PA_WG_PIPE 0  // 1: S of tile i + 1 is issued before tile i's softmax (needs STAGES >= 3)
 #endif
 
 #if PA_BF16
@@ -51,8 +44,8 @@ namespace {
 
 constexpr int HS = PA_HS;
 constexpr int VHS = PA_VHS;
-constexpr int BN = PA_WG_BN;    // keys per tile
-constexpr int STAGES = BN == 64 ? 2 : 4;  // ring depth: what fits beside Q
+constexpr int BN = 64;          // keys per tile
+constexpr int STAGES = 2;       // tiles in shared memory beside Q
 constexpr int KS = BN / 16;     // k-steps of P V
 constexpr int M = 64;           // query rows per CTA (the wgmma M)
 constexpr int NTHREADS = 256;   // two warpgroups
@@ -63,8 +56,6 @@ constexpr int LOADERS = 128;             // WG1 loads the tiles (it is idle whil
 constexpr int LOAD_ROWS = LOADERS / 8;   // tile rows loaded per pass (8 threads per row)
 constexpr int NPASS = BN / LOAD_ROWS;
 
-static_assert(BN == 64 || BN == 32, "built tiles: 64 or 32 keys");
-static_assert(!PA_WG_PIPE || STAGES >= 3, "PA_WG_PIPE needs a ring of three or more tiles");
 static_assert(HS % 64 == 0, "latent width must be a multiple of 64 (128-byte swizzle rows)");
 static_assert(VHS % 128 == 0 && VHS <= HS, "value width must be a multiple of 128 (two WGs)");
 
@@ -197,10 +188,8 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
 
   // Tiles issued before the loop (one cp.async group each, the first with Q). Iteration k
   // refills the ring with tile k + PRE, so at its top group k (tile k) must be complete while
-  // PRE - 1 newer groups may still fly. PA_WG_PIPE issues one tile less ahead because its
-  // iteration k also runs P V of tile k - 1, whose stage is still in use.
-  constexpr int PRE = PA_WG_PIPE ? STAGES - 2 : STAGES - 1;
-  static_assert(PRE >= 1, "the ring must hold the tile in use and one more");
+  // PRE - 1 newer groups may still fly.
+  constexpr int PRE = STAGES - 1;
   // Refill: tile t into its stage (loaders only) and one commit in every thread, so group i
   // holds tile i in every thread and one wait count serves both warpgroups.
   auto refill = [&](int t) {
@@ -265,21 +254,15 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
     for (int ks = 0; ks < HS / 16; ++ks) {
       const unsigned koff = (ks >> 2) * QBLK + (ks & 3) * 32;
       const unsigned toff = (ks >> 2) * TBLK + (ks & 3) * 32;
-#if PA_WG_BN == 64
       wg_ss(sa, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
             ks > 0 ? 1 : 0);
-#else
-      wg_ss32(sa, desc_sw128(sbase + koff, 16, 1024), desc_sw128(sK + toff, 16, 1024),
-              ks > 0 ? 1 : 0);
-#endif
     }
     wg_commit();
   };
   // WG0: online softmax of tile t (stage stg) from its S: scale, softcap, mask, running max
   // and sum (a quad holds a whole row's BN keys), P = 2^(s - m) as the A fragments of P V
   // (row g: regs 0/2, row g+8: regs 1/3) and in shared memory for WG1; the row rescale in
-  // corr and sCorr. Reads S without writing it (in-place writes to a wgmma accumulator
-  // would serialise the pipelined schedule, C7515).
+  // corr and sCorr.
   auto softmax = [&](const float (&sa)[BN / 2], int t, int stg, unsigned (&frag)[KS][4],
                      float (&corr)[2]) {
     const int key0 = (tile_begin + t) * BN;
@@ -365,15 +348,11 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
   };
   // O[:, this WG's 256 columns] += P V (issued, not committed); V = the tile's leading VHS
   // channels in stage stg, N-major.
-  // fence: pin O and fence first (false when the caller did so before an earlier wgmma of
-  // the same group: touching O between two issues serialises the pipe, C7514).
-  auto issue_pv = [&](const unsigned (&frag)[KS][4], int stg, bool fence = true) {
+  auto issue_pv = [&](const unsigned (&frag)[KS][4], int stg) {
     const unsigned sK = sbase + OFF_KV + stg * T_BYTES;
-    if (fence) {
 #pragma unroll
-      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
-      wg_fence();
-    }
+    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+    wg_fence();
 #pragma unroll
     for (int kk = 0; kk < KS; ++kk)
 #pragma unroll
@@ -386,7 +365,6 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
   unsigned frag[KS][4];  // P of the tile whose P V comes next
   float s[BN / 2];       // WG0: S of one tile
   float corr[2];
-#if !PA_WG_PIPE
   for (int k = 0; k < n_tiles; ++k) {
     const int stage = k & (STAGES - 1);
     pa::cp_async_wait<PRE - 1>();  // this thread's group k (tile k) is complete
@@ -410,74 +388,6 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
 #pragma unroll
     for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
   }
-#else
-  // Iteration k: WG0 issues S of tile k, then P V of tile k - 1 (both WGs), and runs tile k's
-  // softmax while the tensor pipe works on that P V; O is rescaled once P V has retired.
-  // Tile 0's S (k = 0) and the last P V (k = n_tiles) are peeled off, so the loop body has
-  // no branch between its wgmma issues (a branch there serialises the pipe, C7514).
-  auto top = [&](int k) {
-    pa::cp_async_wait<PRE - 1>();  // this thread's group k (tile k) is complete
-    fence_proxy_async();
-    // [A] Tile k landed; both WGs finished P V of tile k - 2, so its stage may be refilled.
-    __syncthreads();
-    refill(k + PRE);
-  };
-  // Tile k with P V of tile k - 1 from `fin`; tile k's P goes to `fout`. The caller alternates
-  // two fragment arrays: with one array (and a copy) the compiler would define the P V's
-  // input registers while that P V is in flight (serialising the pipe, C7513).
-  auto body = [&](int k, unsigned (&fin)[KS][4], unsigned (&fout)[KS][4]) {
-    top(k);
-    if (wg == 0) {
-#pragma unroll
-      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
-      issue_s(s, k & (STAGES - 1));
-      issue_pv(fin, (k - 1) & (STAGES - 1), false);
-      wg_commit();
-      wg_wait1();
-      softmax(s, k, k & (STAGES - 1), fout, corr);
-      wg_wait0();
-#pragma unroll
-      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
-      rescale(corr[0], corr[1]);
-    } else {
-      issue_pv(fin, (k - 1) & (STAGES - 1));
-      wg_commit();
-      wg_wait0();
-#pragma unroll
-      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
-    }
-    __syncthreads();  // [B] P of tile k and its row rescale factors are in shared memory
-    if (wg == 1) take_p(fout);
-  };
-  unsigned frag_b[KS][4];
-  if (n_tiles > 0) {
-    top(0);
-    if (wg == 0) {
-      issue_s(s, 0);
-      wg_wait0();
-      softmax(s, 0, 0, frag, corr);  // O is still zero: no rescale
-    }
-    __syncthreads();  // [B] P of tile 0 is in shared memory
-    if (wg == 1) take_p(frag);
-  }
-  for (int k = 1; k < n_tiles; k += 2) {
-    body(k, frag, frag_b);
-    if (k + 1 < n_tiles) body(k + 1, frag_b, frag);
-  }
-  if (n_tiles > 0) {
-    top(n_tiles);
-    // The last tile's P: in frag_b when n_tiles - 1 is odd.
-    if ((n_tiles - 1) & 1) {
-      issue_pv(frag_b, (n_tiles - 1) & (STAGES - 1));
-    } else {
-      issue_pv(frag, (n_tiles - 1) & (STAGES - 1));
-    }
-    wg_commit();
-    wg_wait0();
-#pragma unroll
-    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
-  }
-#endif
   pa::cp_async_wait_all();
 
   // ---- Epilogue: WG0 publishes the row sums (and the split's log2-sum-exp), both write O.

@@ -58,19 +58,6 @@ __device__ __forceinline__ void wg_ss(float (&d)[32], unsigned long long da,
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
-// D(64x32, f32) (+)= A(64x16, smem, K-major) * B(16x32, smem, K-major): S against a 32-key
-// tile (paged_mla_wg.cu with PA_WG_BN 32). d[4 j + e] as m64n64k16's, j < 4.
-__device__ __forceinline__ void wg_ss32(float (&d)[16], unsigned long long da,
-                                        unsigned long long db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32." NXRT_WG_AB " "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
-
 // D(64x64, f32) += A(64x16, registers) * B(16x64, smem): N-major B (imm-trans-b = 1, the
 // default: V in P V) or K-major B (kTransB = 0: K in S = Q K^T with Q in registers).
 template <int kTransB = 1>

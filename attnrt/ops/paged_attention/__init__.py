@@ -19,17 +19,10 @@ from __future__ import annotations
 
 from .builds import compile_variants, mla_smem_bytes, mla_wg_smem_bytes, simple_smem_bytes
 from .kernel import PagedAttentionFactory, PagedAttentionKernel
-from .plan import (
-    PagedAttentionConfig,
-    PagedPlan,
-    SplitCost,
-    choose_splits,
-    wg_tile,
-    workspace_layout,
-)
+from .plan import PagedAttentionConfig, PagedPlan, SplitCost, choose_splits, workspace_layout
 from .schema import PAGED_POSITION_OUT_OF_RANGE, PagedGeometry, unsupported_reason
 
 __all__ = ["PagedAttentionFactory", "PagedAttentionKernel", "PagedAttentionConfig", "PagedPlan",
            "PagedGeometry", "SplitCost", "unsupported_reason", "compile_variants",
            "workspace_layout", "choose_splits", "mla_smem_bytes", "mla_wg_smem_bytes",
-           "simple_smem_bytes", "wg_tile", "PAGED_POSITION_OUT_OF_RANGE"]
+           "simple_smem_bytes", "PAGED_POSITION_OUT_OF_RANGE"]

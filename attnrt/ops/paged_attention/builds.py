@@ -7,23 +7,19 @@ sm_90a wgmma latent kernel). The shared-memory helpers mirror the layouts in tho
 
 from __future__ import annotations
 
-import os
-
 from attnrt.runtime.api import DataType
 
 from .._common import Variant
 from .schema import SUPPORTED
 
-__all__ = ["MLA_SHAPES", "MLA_ROWS", "MLA_THREADS", "MLA_TILES", "WG_TILES", "WG_STAGES",
-           "SIMPLE_THREADS",
+__all__ = ["MLA_SHAPES", "MLA_ROWS", "MLA_THREADS", "MLA_TILES", "WG_BLOCK_N", "SIMPLE_THREADS",
            "WRITE_THREADS", "COMBINE_THREADS", "mla_smem_bytes", "mla_wg_smem_bytes",
            "simple_smem_bytes", "small_variant", "mla_variant", "wg_variant", "compile_variants"]
 
 MLA_SHAPES = ((576, 512),)  # (head_size, v_head_size) built for the tensor-core path
 MLA_ROWS, MLA_THREADS = 64, 256
 MLA_TILES = (64, 32)  # keys per tile of paged_mla.cu that are built, largest first
-WG_TILES = (64, 32)  # keys per tile of paged_mla_wg.cu that are built
-WG_STAGES = {64: 2, 32: 4}  # its ring depth per tile (STAGES in the source)
+WG_BLOCK_N = 64  # keys per tile of paged_mla_wg.cu (fixed in the source)
 SIMPLE_THREADS = WRITE_THREADS = COMBINE_THREADS = 128
 
 
@@ -66,29 +62,26 @@ def simple_smem_bytes(head_size: int, v_head_size: int) -> int:
     return (head_size + 4 * v_head_size + 8) * 4
 
 
-def mla_wg_smem_bytes(head_size: int = 576, block_n: int = 64) -> int:
+def mla_wg_smem_bytes(head_size: int = 576) -> int:
     """Dynamic shared memory of ``paged_mla_wg_fwd`` (mirrors SMEM_BYTES in paged_mla_wg.cu).
 
-    Q and the ring of ``WG_STAGES[block_n]`` key tiles in 1024-byte-aligned swizzle atoms,
-    P (rows of 128 bytes), row data, plus 1 KiB of slack to align the base.
+    Q and two stages of 64 keys in 1024-byte-aligned swizzle atoms, P, row data, plus 1 KiB
+    of slack to align the base.
 
     Parameters
     ----------
     head_size
         Latent width.
-    block_n
-        Keys per tile (one of ``WG_TILES``).
 
     Returns
     -------
     int
         Bytes.
     """
-    stages = WG_STAGES[block_n]
     q = MLA_ROWS * head_size * 2
-    kv = stages * block_n * head_size * 2
-    p = MLA_ROWS * 128
-    rows = 2 * MLA_ROWS * 4 + 3 * MLA_ROWS * 4 + stages * block_n + 32
+    kv = 2 * WG_BLOCK_N * head_size * 2
+    p = MLA_ROWS * WG_BLOCK_N * 2
+    rows = 2 * MLA_ROWS * 4 + 3 * MLA_ROWS * 4 + 2 * WG_BLOCK_N + 32
     return q + kv + p + rows + 1024
 
 
@@ -105,14 +98,11 @@ def mla_variant(dtype: DataType, block_n: int, shape: tuple[int, int] = MLA_SHAP
                     "PA_HS": shape[0], "PA_VHS": shape[1]})
 
 
-def wg_variant(dtype: DataType, shape: tuple[int, int] = MLA_SHAPES[0],
-               block_n: int = 64) -> Variant:
-    """The sm_90a wgmma latent kernel for one dtype, (head, value) width and key tile."""
+def wg_variant(dtype: DataType, shape: tuple[int, int] = MLA_SHAPES[0]) -> Variant:
+    """The sm_90a wgmma latent kernel for one dtype and (head, value) width."""
     return Variant("paged_mla_wg.cu", ("paged_mla_wg_fwd",),
                    {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
-                    "PA_VHS": shape[1], "PA_WG_BN": block_n,
-                    **({"PA_WG_PIPE": int(os.environ.get("ATTNRT_WG_PIPE", "0"))} if block_n == 32 else {})},
-                   min_arch=90, arch_suffix="a")
+                    "PA_VHS": shape[1]}, min_arch=90, arch_suffix="a")
 
 
 def compile_variants() -> list[Variant]:
@@ -125,4 +115,4 @@ def compile_variants() -> list[Variant]:
     """
     return [small_variant()] + [mla_variant(dt, bn, sh) for sh in MLA_SHAPES
                                 for dt in SUPPORTED for bn in MLA_TILES] + \
-        [wg_variant(dt, sh, bn) for sh in MLA_SHAPES for dt in SUPPORTED for bn in WG_TILES]
+        [wg_variant(dt, sh) for sh in MLA_SHAPES for dt in SUPPORTED]

@@ -307,15 +307,15 @@ class PagedAttentionKernel:
                           i32(g.v_head_size), *common], smem, False))
             return self._checked(todo)
         # The wgmma kernel uses the mma.sync variant's combine (same partials layout).
-        mla = builds.mla_variant(g.dtype, p.block_n)
+        mla = builds.mla_variant(g.dtype, p.block_n if p.path == "mla" else builds.WG_BLOCK_N)
         ws_o, ws_lse = (ws.ptr, ws.ptr + p.ws_lse_offset) if ws is not None and p.splits > 1 \
             else (0, 0)
         cc = tuple(getattr(self._caps(), "compute_capability", (0, 0)))
         pdl = self.config.programmatic and cc >= (9, 0)
         if "read" in self._phases:
             if p.path == "wg":
-                fn = self._fn(builds.wg_variant(g.dtype, block_n=p.block_n), "paged_mla_wg_fwd")
-                smem = builds.mla_wg_smem_bytes(g.head_size, p.block_n)
+                fn = self._fn(builds.wg_variant(g.dtype), "paged_mla_wg_fwd")
+                smem = builds.mla_wg_smem_bytes(g.head_size)
             else:
                 fn, smem = self._fn(mla, "paged_mla_fwd"), builds.mla_smem_bytes(p.block_n, g.head_size)
             todo.append((fn, (p.grid_x, p.splits, 1), (builds.MLA_THREADS, 1, 1),

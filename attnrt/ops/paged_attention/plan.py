@@ -22,7 +22,7 @@ from .builds import (
     MLA_ROWS,
     MLA_SHAPES,
     MLA_TILES,
-    WG_TILES,
+    WG_BLOCK_N,
     mla_smem_bytes,
     mla_wg_smem_bytes,
     simple_smem_bytes,
@@ -30,8 +30,7 @@ from .builds import (
 from .schema import OP, PagedGeometry
 
 __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan", "DeviceFacts",
-           "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout",
-           "wg_tile"]
+           "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout"]
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
 PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
@@ -88,9 +87,6 @@ class PagedAttentionConfig:
     mla_tiles
         Key tiles the mma.sync kernel may use, largest first; the first that fits the
         device's shared memory wins. Each must be a built tile (``builds.MLA_TILES``).
-    wg_block_n
-        Key tile of the wgmma kernel, one of ``builds.WG_TILES`` (``None``: the rule in
-        ``docs/notes/paged_attention.md#wg-tile``).
     mla_cost, wg_cost
         Cost model of the mma.sync and wgmma kernels (H200; mma.sync tile measured, wgmma
         predicted): see ``docs/notes/paged_attention.md#split-cost-model``.
@@ -106,15 +102,13 @@ class PagedAttentionConfig:
     ------
     ValueError
         An unknown path, a split count outside [1, 65535], an unbuilt tile, or an integer
-        knob (``num_splits``, ``max_splits``, ``mla_tiles``, ``wg_block_n``) that is not an
-        integer.
+        knob (``num_splits``, ``max_splits``, ``mla_tiles``) that is not an integer.
     """
 
     path: str = "auto"
     num_splits: int | None = None
     max_splits: int = 64
     mla_tiles: tuple[int, ...] = MLA_TILES
-    wg_block_n: int | None = None
     mla_cost: SplitCost = field(default=SplitCost(5.3, 3.0, 1.0))
     wg_cost: SplitCost = field(default=SplitCost(2.0, 3.0, 1.0))
     combine_launch_us: float = 2.0
@@ -141,12 +135,6 @@ class PagedAttentionConfig:
             raise ValueError(f"mla_tiles must be a non-empty subset of the built tiles "
                              f"{MLA_TILES}, got {self.mla_tiles!r}")
         object.__setattr__(self, "mla_tiles", tuple(int(t) for t in tiles))
-        if self.wg_block_n is not None:
-            bn = _integer(self.wg_block_n, "wg_block_n")
-            if bn not in WG_TILES:
-                raise ValueError(f"wg_block_n must be one of the built tiles {WG_TILES}, got "
-                                 f"{self.wg_block_n!r}")
-            object.__setattr__(self, "wg_block_n", bn)
 
     def split_cost(self, path: str) -> SplitCost:
         """The cost model of latent path ``path`` (``"mla"`` or ``"wg"``)."""
@@ -297,18 +285,16 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
     mla_ok = (g.head_size, g.v_head_size) in MLA_SHAPES and aligned
     cc = tuple(getattr(caps, "compute_capability", (0, 0)))
     # The wgmma kernel is the default where it runs: docs/notes/paged_attention.md#wgmma-default
-    wg_bn = config.wg_block_n or wg_tile(g.heads)
-    wg_smem = mla_wg_smem_bytes(g.head_size, wg_bn)
-    wg_ok = mla_ok and cc == (9, 0) and wg_smem <= caps.max_shared_per_block_optin
+    wg_ok = mla_ok and cc == (9, 0) and mla_wg_smem_bytes(g.head_size) <= caps.max_shared_per_block_optin
     if path_opt == "wg" or (path_opt == "auto" and wg_ok):
-        smem = wg_smem
+        smem = mla_wg_smem_bytes(g.head_size)
         if not wg_ok:
             raise KernelError(f"{OP}: path='wg' needs head_size/v_head_size in {MLA_SHAPES}, "
                               f"16-byte aligned pointers, compute capability 9.0 (sm_90a "
                               f"wgmma) and {smem} bytes of shared memory; got "
                               f"{g.head_size}/{g.v_head_size}, aligned={aligned}, "
                               f"cc={cc}, {caps.max_shared_per_block_optin} bytes")
-        block_n, path = wg_bn, "wg"
+        block_n, path = WG_BLOCK_N, "wg"
     elif path_opt != "simple" and mla_ok:
         tiles = {"mla64": (64,), "mla32": (32,)}.get(path_opt, config.mla_tiles)
         fits = [bn for bn in tiles
@@ -338,22 +324,6 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
     return PagedPlan(path, block_n, grid_x, splits, lse_off, ws)
 
 
-def wg_tile(heads: int) -> int:
-    """Key tile of the wgmma kernel by default: ``docs/notes/paged_attention.md#wg-tile``.
-
-    Parameters
-    ----------
-    heads
-        Query heads.
-
-    Returns
-    -------
-    int
-        64 or 32.
-    """
-    return 32
-
-
 def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta: np.ndarray | None,
                  caps: Any, path: str, config: PagedAttentionConfig) -> int:
     # Splits are fixed on the host from shapes: docs/notes/paged_attention.md#split-kv
@@ -361,10 +331,7 @@ def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta:
     if meta is not None:
         max_q, max_kv = min(max_q, int(meta[0])), min(max_kv, int(meta[1]))
     span = max_kv if window < 0 else min(max_kv, window + max_q)
-    # The wgmma cost model counts 64-key tiles whatever the kernel's tile (a 32-key tile
-    # costs about half), so its split counts do not depend on the tile.
-    model_bn = 64 if path == "wg" else block_n
-    tiles = -(-max(span, 1) // model_bn) + (1 if window >= 0 else 0)
+    tiles = -(-max(span, 1) // block_n) + (1 if window >= 0 else 0)
     row_blocks = min(grid_x, g.batch * -(-max(max_q, 1) * g.heads // MLA_ROWS))
     rows = min(g.tokens, g.batch * max(max_q, 1)) * g.heads
     args = (tiles, int(caps.sm_count), rows, g.v_head_size)
