@@ -31,9 +31,10 @@ class Bound:
     """A case's inputs on the device, a poisoned output, and the kernel."""
 
     def __init__(self, rt, c, *, path="auto", num_splits=None, meta=None, cache_out=False,
-                 workspace=True, programmatic=True):
+                 workspace=True, programmatic=True, balanced=True):
         self.rt, self.c, self.meta = rt, c, meta
-        cfg = PagedAttentionConfig(path=path, num_splits=num_splits, programmatic=programmatic)
+        cfg = PagedAttentionConfig(path=path, num_splits=num_splits, programmatic=programmatic,
+                                   balanced=balanced)
         self.kernel = PagedAttentionFactory(rt, config=cfg).create(
             c.node, [None if x is None else x.shape for x in c.inputs[:16]])
         self.bufs = {i: DeviceArray.from_numpy(rt, x) for i, x in enumerate(c.inputs[:16])
@@ -313,6 +314,9 @@ WG_CASES = {
                                         past_lens=(40, 4099, 37, 41)),
     "spec-f16-h64-q3-window": dict(H=64, dtype=F16, rope="half", bs=64, window=70,
                                    q_lens=(3, 3), past_lens=(190, 1)),
+    # Balanced split-KV: unequal lengths, some sequences split, some not, one with no token.
+    "spec-bf16-h16-q2-ragged": dict(H=16, dtype=BF16, rope="half", bs=64,
+                                    q_lens=(2, 2, 0, 2, 2, 2), past_lens=(10, 900, 5, 2500, 64, 300)),
 }
 
 
@@ -334,18 +338,20 @@ def _wg_child() -> None:
             failures.append(f"{name}: {type(exc).__name__}: {exc}")
             print(f"wg {name}: FAILED {exc}", flush=True)
 
-    def plain(kw, pdl):
+    def plain(kw, new):
         def fn(rng):
             c = make_case(rng, **{**MLA, **kw})
-            out, cache, plan = run(rt, c, path="wg", programmatic=pdl)
+            out, cache, plan = run(rt, c, path="wg", programmatic=new, balanced=new)
             assert plan.path == "wg" and plan.block_n == 64, plan
+            assert plan.balanced == (new and plan.splits > 1), plan
             check(c, out, cache)
             rt.latch.check()
         return fn
 
-    for pdl in (True, False):
+    # The defaults (PDL, balanced split-KV) and plain stream order with equal splits.
+    for new in (True, False):
         for name, kw in WG_CASES.items():
-            case(f"{name}-pdl{int(pdl)}", plain(kw, pdl))
+            case(f"{name}-{'pdl-balanced' if new else 'plain'}", plain(kw, new))
 
     def forced_splits(pdl):
         def fn(rng):

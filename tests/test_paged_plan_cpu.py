@@ -141,6 +141,13 @@ def check_plan(q: np.ndarray, lengths: np.ndarray, H: int, window: int, g: Paged
     # Each (token, head) row is owned by exactly one CTA column: the combine merges them all.
     rows = k["orow"][k["valid"]]
     assert np.array_equal(np.sort(rows), np.arange(g.tokens * H))
+    if p.balanced:  # chunks are chosen on the device: tests/test_paged_balanced_cpu.py
+        assert p.max_chunks >= p.splits > 1
+        lse_off, total = pp.workspace_layout(g.tokens * H, g.v_head_size, p.max_chunks, True)
+        assert (p.ws_lse_offset, p.ws_bytes) == (lse_off, total)
+        assert p.ws_cnt_offset == pp.counts_offset(g.tokens * H, g.v_head_size, p.max_chunks)
+        return
+    assert p.max_chunks == p.splits
     # Per row block: the splits' tile ranges are disjoint, in key order (split s owns tiles
     # t_lo + s chunk ...), inside [t_lo, t_hi] and cover it: every key tile exactly once.
     tb, th = k["t_lo"][busy], k["t_hi"][busy]
@@ -211,7 +218,8 @@ def test_study_rows_split_as_predicted(B, H, tiles, before, after):
     assert p.path == "wg"
     assert old_auto(g, -1, "wg", 64) == before
     assert p.splits == after
-    assert p.ws_bytes == pp.workspace_layout(B * H, 512, after)[1]
+    assert p.balanced and p.max_chunks == min(2 * after, 64)
+    assert p.ws_bytes == pp.workspace_layout(B * H, 512, p.max_chunks, counts=True)[1]
     # One busy CTA per sequence and split: B8 fills 128 of 132 SMs, B32 H16 L4k one wave.
     if (B, after) in ((8, 16), (32, 4)):
         assert B * after == 128
@@ -236,7 +244,7 @@ def test_workspace_follows_the_new_split_count():
     m = metas_for(np.ones(32, dtype=np.int64), 16, 64, 128)
     p = k.plan(m)
     assert p.splits == 4 and k.workspace_requirement(m).nbytes == p.ws_bytes
-    assert p.ws_bytes == pp.workspace_layout(32 * 16, 512, 4)[1] > pp.workspace_layout(32 * 16, 512, 3)[1]
+    assert p.ws_bytes == pp.workspace_layout(32 * 16, 512, 8, counts=True)[1]  # 2 x 4 chunks
     # Host metadata may only lower the count, so the shapes-only workspace still suffices.
     m[16] = np.array([1, 8192], dtype=np.int32)
     assert k.plan(m).splits == 4

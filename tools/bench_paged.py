@@ -68,10 +68,13 @@ def _op_path() -> str:
 
 def _op_config() -> PagedAttentionConfig:
     """Our op's config: :func:`_op_path`; ``$ATTNRT_BENCH_PAGED_PDL=0`` turns programmatic
-    dependent launch off, ``$ATTNRT_BENCH_PAGED_MAX_SPLITS`` sets ``max_splits``."""
+    dependent launch off, ``$ATTNRT_BENCH_PAGED_BALANCED=0`` balanced split-KV,
+    ``$ATTNRT_BENCH_PAGED_MAX_SPLITS`` sets ``max_splits``."""
+    env = os.environ.get
     return PagedAttentionConfig(
-        path=_op_path(), programmatic=os.environ.get("ATTNRT_BENCH_PAGED_PDL", "1") != "0",
-        max_splits=int(os.environ.get("ATTNRT_BENCH_PAGED_MAX_SPLITS", "64")))
+        path=_op_path(), programmatic=env("ATTNRT_BENCH_PAGED_PDL", "1") != "0",
+        balanced=env("ATTNRT_BENCH_PAGED_BALANCED", "1") != "0",
+        max_splits=int(env("ATTNRT_BENCH_PAGED_MAX_SPLITS", "64")))
 
 
 def _ceilings(ctx: BenchContext) -> tuple[float, float]:

@@ -232,6 +232,131 @@ __device__ __forceinline__ void split_tiles(int key_lo, int key_hi, int bn, int 
   }
 }
 
+// ---- Balanced split-KV (paged_mla_wg.cu, docs/notes/paged_attention.md#balanced-splits).
+// Every CTA computes the same schedule from cu / past (no readback, capturable). Sequence b
+// with q_b new tokens has rb_b = ceil(q_b H / M) row blocks (G(b) .. G(b) + rb_b - 1) whose
+// keys all lie in the tiles [t0_b, t0_b + n_b) of its key span (first token's window start ..
+// last token's position). One chunk length C (tiles) serves the launch: sequence b gets
+// k_b = ceil(n_b / C) chunks per row block (1 when it has rows but no keys), chunk j covering
+// tiles [t0_b + j C, t0_b + (j + 1) C). C = ceil(n_max / s) for the s in [1, max_splits]
+// that minimises the planner's cost model (plan.choose_splits) with the real lengths:
+//   ceil(busy / sms) * (C * tile_us + pro_us + (s > 1) * part_us)
+//     + (s > 1) * (comb_us + split rows * k * vhs * 4 / comb_rate).
+// CTAs take the busy (row block, chunk) pairs in order: linear index i = y * gridDim.x + x,
+// sequence-major, then row block, then chunk; CTAs past them exit. Scratch: 4 * (B + 1) ints.
+struct Sched {
+  int x;      // row block (as mla_rows' x); -1: surplus CTA
+  int chunk;  // j
+  int k;      // chunks of this row block (1: unsplit, written directly)
+  int t_lo;   // first tile of the chunk
+  int t_end;  // one past its last tile
+};
+
+__device__ __forceinline__ Sched balanced_sched(
+    const int* __restrict__ cu, const int* __restrict__ past, int n_tokens, int H, int B, int M,
+    int bn, int key_cap, int window, int max_splits, int sms, float tile_us, float pro_us,
+    float part_us, float comb_us, float comb_rate, int vhs, int* scratch) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarp = blockDim.x >> 5;
+  int* sN = scratch;            // n_b
+  int* sRB = sN + (B + 1);      // rb_b
+  int* sT0 = sRB + (B + 1);     // t0_b
+  int* sPre = sT0 + (B + 1);    // exclusive prefix of rb_b * k_b (B + 1 entries)
+  __shared__ int sMax;
+  __shared__ float sCost[64];
+  __shared__ int sPick;
+  if (tid == 0) sMax = 0;
+  __syncthreads();
+  for (int b = tid; b < B; b += blockDim.x) {
+    const long long c0 = cu[b], c1 = cu[b + 1];
+    int n = 0, rb = 0, t0 = 0;
+    if (c0 >= 0 && c0 <= c1 && c1 <= n_tokens && c1 > c0) {
+      const long long q = c1 - c0;
+      rb = (int)((q * H + M - 1) / M);
+      const long long p0 = past[b];
+      const long long hi = min(p0 + q - 1, (long long)key_cap);
+      const long long first = min(p0, (long long)key_cap);
+      const long long lo = window >= 0 ? max(0LL, first - window) : 0LL;
+      if (hi >= 0 && hi >= lo) {
+        t0 = (int)(lo / bn);
+        n = (int)(hi / bn) - t0 + 1;
+      }
+    }
+    sN[b] = n;
+    sRB[b] = rb;
+    sT0[b] = t0;
+    if (n > 0) atomicMax(&sMax, n);
+  }
+  __syncthreads();
+  const int n_max = sMax;
+  const int s_hi = max(1, min(max_splits, n_max));
+  // Cost of s = w + 1, w + 1 + nwarp, ...: one warp per candidate, lanes over sequences.
+  for (int s = warp + 1; s <= s_hi; s += nwarp) {
+    const int C = (n_max + s - 1) / s;
+    long long busy = 0, prow = 0;
+    for (int b = lane; b < B; b += 32) {
+      const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
+      busy += (long long)sRB[b] * k;
+      if (k > 1) {
+        const long long rows = (long long)(cu[b + 1] - cu[b]) * H;
+        prow += rows * k;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      busy += __shfl_xor_sync(0xffffffffu, busy, o);
+      prow += __shfl_xor_sync(0xffffffffu, prow, o);
+    }
+    if (lane == 0) {
+      const float waves = (float)((busy + sms - 1) / sms);
+      float cost = waves * (C * tile_us + pro_us + (s > 1 ? part_us : 0.0f));
+      if (s > 1) cost += comb_us + (float)prow * vhs * 4.0f / comb_rate;
+      sCost[s - 1] = cost;
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int best = 1;
+    for (int s = 2; s <= s_hi; ++s)
+      if (sCost[s - 1] < sCost[best - 1] - 1e-3f) best = s;  // the smallest of equal costs
+    sPick = best;
+  }
+  __syncthreads();
+  const int C = n_max > 0 ? (n_max + sPick - 1) / sPick : 1;
+  // Exclusive prefix of the busy pairs per sequence (serial per 256 sequences is cheap here).
+  if (tid == 0) {
+    int acc = 0;
+    for (int b = 0; b < B; ++b) {
+      sPre[b] = acc;
+      const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
+      acc += sRB[b] * k;
+    }
+    sPre[B] = acc;
+  }
+  __syncthreads();
+  Sched r{-1, 0, 0, 0, 0};
+  const long long i = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+  if (i >= sPre[B]) return r;
+  int lo = 0, hi = B - 1, b = 0;  // the last b with sPre[b] <= i (and rb_b > 0)
+  while (lo <= hi) {
+    const int mid = (lo + hi) >> 1;
+    if (sPre[mid] <= i) {
+      b = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : 1;
+  const int local = (int)(i - sPre[b]);
+  const int extra = (H % M) ? 1 : 0;
+  r.x = (int)(floor_div((long long)cu[b] * H, M) + (long long)extra * b) + local / k;
+  r.chunk = local % k;
+  r.k = k;
+  r.t_lo = sT0[b] + r.chunk * C;
+  r.t_end = r.t_lo + C;
+  return r;
+}
+
 // Channel d of a head row (x points at the row) after partial RoPE at absolute position pos;
 // channels outside [off, off + rd) pass through. Half-split pairs (i, i + rd/2), interleaved
 // pairs (2i, 2i + 1); the first of a pair gets x*c - partner*s, the second x*c + partner*s.

@@ -426,7 +426,8 @@ constexpr int COMBINE_CHUNK = 64;
 
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_lse,
-                  elem_t* __restrict__ out, int rows, int num_splits) {
+                  elem_t* __restrict__ out, int rows, int num_splits,
+                  const int* __restrict__ counts) {
   typedef pa::Num<elem_t> N;
   __shared__ float sw[COMBINE_CHUNK];
   const int tid = threadIdx.x, lane = tid & 31;
@@ -437,15 +438,19 @@ paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_l
   // partials before touching the workspace or the output.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+  // counts (balanced split-KV, paged_mla_wg.cu): this row's chunks; 1: written directly.
+  // (Clamped: a count is never trusted to index past the row's num_splits slots.)
+  const int used = counts != nullptr ? min(counts[row], num_splits) : num_splits;
+  if (counts != nullptr && used <= 1) return;  // uniform
   const float* lse = ws_lse + row * num_splits;
   // Max and sum of 2^lse, computed redundantly by every warp (no barrier needed).
   float mx = PA_NEG_INF;
-  for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse[s]);
+  for (int s = lane; s < used; s += 32) mx = fmaxf(mx, lse[s]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   float sum = 0.0f;
   if (mx != PA_NEG_INF) {
-    for (int s = lane; s < num_splits; s += 32) sum += exp2f(lse[s] - mx);
+    for (int s = lane; s < used; s += 32) sum += exp2f(lse[s] - mx);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -456,8 +461,8 @@ paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_l
   float4 acc[NCOL];
 #pragma unroll
   for (int k = 0; k < NCOL; ++k) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s0 = 0; s0 < num_splits; s0 += COMBINE_CHUNK) {
-    const int ns = min(COMBINE_CHUNK, num_splits - s0);
+  for (int s0 = 0; s0 < used; s0 += COMBINE_CHUNK) {
+    const int ns = min(COMBINE_CHUNK, used - s0);
     __syncthreads();  // the previous chunk's weights are no longer read
     if (tid < ns) sw[tid] = mx != PA_NEG_INF ? exp2f(lse[s0 + tid] - mx) * inv : 0.0f;
     __syncthreads();

@@ -89,7 +89,12 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
                  float* __restrict__ ws_o, float* __restrict__ ws_lse,
                  unsigned* __restrict__ latch, int n_tokens, int H, int B, int num_blocks,
                  int block_size, int max_blocks, int rd, int off, int max_pos, int interleaved,
-                 int do_rotary, float scale, float softcap, int window, int num_splits) {
+                 int do_rotary, float scale, float softcap, int window, int num_splits,
+                 int* __restrict__ ws_cnt, int sms, float tile_us, float pro_us, float part_us,
+                 float comb_us, float comb_rate) {
+  // ws_cnt != nullptr: balanced split-KV (pa::balanced_sched; num_splits is then the
+  // workspace's split stride and the largest chunk count); else every row block's key range
+  // is cut into num_splits equal parts, one per blockIdx.y.
   typedef pa::Num<elem_t> N;
   // Declared 16-byte aligned only, so the compiler cannot fold the runtime round-up below.
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -116,8 +121,18 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
   // wg == 0 branches do not diverge within a warp and keeps the wgmma pipelined (C7518).
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wq = warp & 3;
   const int g = lane >> 2, tq = lane & 3;
-  const int x = blockIdx.x;
-  const int split = blockIdx.y;
+  int x = blockIdx.x;
+  int split = blockIdx.y, n_split = num_splits;  // this CTA's chunk and its row block's chunks
+  pa::Sched sc{0, 0, 0, 0, 0};
+  if (ws_cnt != nullptr) {
+    sc = pa::balanced_sched(cu, past, n_tokens, H, B, M, BN, max_blocks * block_size, window,
+                            num_splits, sms, tile_us, pro_us, part_us, comb_us, comb_rate, VHS,
+                            reinterpret_cast<int*>(sKV));
+    if (sc.x < 0) return;  // surplus CTA (uniform)
+    x = sc.x;
+    split = sc.chunk;
+    n_split = sc.k;
+  }
 
   int key_lo, key_hi;
   const int b = pa::mla_rows<M>(cu, past, latch, n_tokens, H, B, x, max_blocks, block_size,
@@ -125,7 +140,12 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
                                 key_lo, key_hi);
   if (b < 0) return;  // surplus CTA (uniform)
   int tile_begin, n_tiles;
-  pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
+  if (ws_cnt != nullptr) {
+    tile_begin = max(sc.t_lo, key_lo / BN);
+    n_tiles = key_hi >= key_lo ? max(0, min(sc.t_end, key_hi / BN + 1) - tile_begin) : 0;
+  } else {
+    pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
+  }
   // Warp-uniform for ptxas (the same value in every thread already), so the loop's branches
   // keep the wgmma pipeline intact.
   n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
@@ -401,7 +421,8 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       if (tq == 0) {
         sL[r] = v;
         const int orow = sRowOut[r];
-        if (num_splits > 1 && orow >= 0) {
+        if (ws_cnt != nullptr && split == 0 && orow >= 0) ws_cnt[orow] = n_split;
+        if (n_split > 1 && orow >= 0) {
           ws_lse[(long long)orow * num_splits + split] =
               v > 0.0f ? m_run[hf] + __log2f(v) : PA_NEG_INF;
         }
@@ -417,7 +438,7 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
     const float l = sL[r];
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     const int col = wg * (VHS / 2) + 2 * tq;
-    if (num_splits == 1) {
+    if (n_split == 1) {
       elem_t* dst = out + (long long)orow * VHS + col;
 #pragma unroll
       for (int q = 0; q < VBW; ++q)

@@ -19,10 +19,17 @@ from __future__ import annotations
 
 from .builds import compile_variants, mla_smem_bytes, mla_wg_smem_bytes, simple_smem_bytes
 from .kernel import PagedAttentionFactory, PagedAttentionKernel
-from .plan import PagedAttentionConfig, PagedPlan, SplitCost, choose_splits, workspace_layout
+from .plan import (
+    PagedAttentionConfig,
+    PagedPlan,
+    SplitCost,
+    choose_splits,
+    counts_offset,
+    workspace_layout,
+)
 from .schema import PAGED_POSITION_OUT_OF_RANGE, PagedGeometry, unsupported_reason
 
 __all__ = ["PagedAttentionFactory", "PagedAttentionKernel", "PagedAttentionConfig", "PagedPlan",
            "PagedGeometry", "SplitCost", "unsupported_reason", "compile_variants",
-           "workspace_layout", "choose_splits", "mla_smem_bytes", "mla_wg_smem_bytes",
+           "workspace_layout", "counts_offset", "choose_splits", "mla_smem_bytes", "mla_wg_smem_bytes",
            "simple_smem_bytes", "PAGED_POSITION_OUT_OF_RANGE"]

@@ -308,25 +308,31 @@ class PagedAttentionKernel:
             return self._checked(todo)
         # The wgmma kernel uses the mma.sync variant's combine (same partials layout).
         mla = builds.mla_variant(g.dtype, p.block_n if p.path == "mla" else builds.WG_BLOCK_N)
-        ws_o, ws_lse = (ws.ptr, ws.ptr + p.ws_lse_offset) if ws is not None and p.splits > 1 \
-            else (0, 0)
+        split = ws is not None and p.max_chunks > 1
+        ws_o, ws_lse = (ws.ptr, ws.ptr + p.ws_lse_offset) if split else (0, 0)
+        ws_cnt = ws.ptr + p.ws_cnt_offset if split and p.balanced else 0  # type: ignore[union-attr]
         cc = tuple(getattr(self._caps(), "compute_capability", (0, 0)))
         pdl = self.config.programmatic and cc >= (9, 0)
         if "read" in self._phases:
+            args = [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o, ws_lse,
+                    latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.max_chunks)]
             if p.path == "wg":
                 fn = self._fn(builds.wg_variant(g.dtype), "paged_mla_wg_fwd")
                 smem = builds.mla_wg_smem_bytes(g.head_size)
+                # The device-side split model: the planner's, with the real lengths.
+                c, cfg = self.config.wg_cost, self.config
+                args += [ws_cnt, i32(self._caps().sm_count), f32(c.tile_us), f32(c.prologue_us),
+                         f32(c.partial_us), f32(cfg.combine_launch_us),
+                         f32(cfg.combine_bytes_per_us)]
             else:
                 fn, smem = self._fn(mla, "paged_mla_fwd"), builds.mla_smem_bytes(p.block_n, g.head_size)
-            todo.append((fn, (p.grid_x, p.splits, 1), (builds.MLA_THREADS, 1, 1),
-                         [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o,
-                          ws_lse, latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common,
-                          i32(p.splits)], smem, pdl and p.path == "wg" and "write" in self._phases))
-        if p.splits > 1 and "combine" in self._phases:
+            todo.append((fn, (p.grid_x, p.max_chunks, 1), (builds.MLA_THREADS, 1, 1), args, smem,
+                         pdl and p.path == "wg" and "write" in self._phases))
+        if p.max_chunks > 1 and "combine" in self._phases:
             rows = g.tokens * g.heads
             todo.append((self._fn(mla, "paged_mla_combine"), (rows, 1, 1),
-                         (builds.COMBINE_THREADS, 1, 1), [ws_o, ws_lse, out.ptr, i32(rows),
-                                                          i32(p.splits)], 0, pdl))
+                         (builds.COMBINE_THREADS, 1, 1),
+                         [ws_o, ws_lse, out.ptr, i32(rows), i32(p.max_chunks), ws_cnt], 0, pdl))
         return self._checked(todo)
 
     def _checked(self, todo: list[tuple]) -> list[tuple]:

@@ -30,7 +30,8 @@ from .builds import (
 from .schema import OP, PagedGeometry
 
 __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan", "DeviceFacts",
-           "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout"]
+           "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout",
+           "counts_offset", "balanced_chunks", "BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH"]
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
 PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
@@ -97,6 +98,10 @@ class PagedAttentionConfig:
         where the device has it (compute capability 9.0+): each may start while the kernel
         before it finishes (``docs/notes/paged_attention.md#pdl``). ``False``: plain stream
         order.
+    balanced
+        Balanced split-KV on the wgmma path (``docs/notes/paged_attention.md#balanced-splits``):
+        chunk counts per sequence chosen on the device from the real lengths. ``False``: the
+        model's count for every sequence.
 
     Raises
     ------
@@ -114,6 +119,7 @@ class PagedAttentionConfig:
     combine_launch_us: float = 2.0
     combine_bytes_per_us: float = 3.0e6
     programmatic: bool = True
+    balanced: bool = True
 
     def __post_init__(self) -> None:
         # Integer knobs are checked (and numpy integers converted) here, so that a bad value
@@ -148,9 +154,15 @@ class PagedPlan:
     path: str  # "mla", "wg", "simple" or "none" (no tokens)
     block_n: int
     grid_x: int
-    splits: int
+    splits: int  # the cost model's count for the shapes (the rule)
     ws_lse_offset: int
     ws_bytes: int
+    #: Balanced split-KV (docs/notes/paged_attention.md#balanced-splits): the kernel picks each
+    #: sequence's chunk count on the device, at most ``max_chunks``; else ``splits`` each.
+    balanced: bool = False
+    #: The grid's second dimension and the workspace's split stride.
+    max_chunks: int = 1
+    ws_cnt_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,11 +178,13 @@ class DeviceFacts:
 DEFAULT_DEVICE = DeviceFacts(132, 232448, (9, 0))
 
 
-def workspace_layout(rows: int, v_head_size: int, splits: int) -> tuple[int, int]:
+def workspace_layout(rows: int, v_head_size: int, splits: int,
+                     counts: bool = False) -> tuple[int, int]:
     """(offset of the log-sum-exp array, total bytes) of the split-KV partials.
 
-    Partial O is f32 [rows, splits, v_head_size] at offset 0, then f32 [rows, splits]; no
-    workspace when ``splits == 1``.
+    Partial O is f32 [rows, splits, v_head_size] at offset 0, then f32 [rows, splits]; with
+    ``counts`` (balanced split-KV) then int32 [rows] chunk counts at :func:`counts_offset`;
+    no workspace when ``splits == 1``.
 
     Parameters
     ----------
@@ -179,7 +193,9 @@ def workspace_layout(rows: int, v_head_size: int, splits: int) -> tuple[int, int
     v_head_size
         Value width.
     splits
-        Split-KV count.
+        Split-KV count (the stride of the partials).
+    counts
+        Append the per-row chunk counts of balanced split-KV.
 
     Returns
     -------
@@ -190,7 +206,16 @@ def workspace_layout(rows: int, v_head_size: int, splits: int) -> tuple[int, int
         return 0, 0
     o_bytes = rows * splits * v_head_size * 4
     lse_off = -(-o_bytes // WS_ALIGN) * WS_ALIGN
-    return lse_off, lse_off + rows * splits * 4
+    total = lse_off + rows * splits * 4
+    if counts:
+        total = counts_offset(rows, v_head_size, splits) + rows * 4
+    return lse_off, total
+
+
+def counts_offset(rows: int, v_head_size: int, splits: int) -> int:
+    """Offset of the int32 [rows] chunk counts in :func:`workspace_layout` with ``counts``."""
+    lse_off = workspace_layout(rows, v_head_size, splits)[0]
+    return -(-(lse_off + rows * splits * 4) // WS_ALIGN) * WS_ALIGN
 
 
 def choose_splits(row_blocks: int, tiles: int, sm_count: int, rows: int = 0,
@@ -247,7 +272,8 @@ def choose_splits(row_blocks: int, tiles: int, sm_count: int, rows: int = 0,
 
 def unsplit(plan: PagedPlan) -> PagedPlan:
     """``plan`` without split-KV (run when no workspace was given)."""
-    return replace(plan, splits=1, ws_lse_offset=0, ws_bytes=0)
+    return replace(plan, splits=1, ws_lse_offset=0, ws_bytes=0, balanced=False, max_chunks=1,
+                   ws_cnt_offset=0)
 
 
 def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttentionConfig,
@@ -279,7 +305,7 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
     """
     rows = g.tokens * g.heads
     if rows == 0:
-        return PagedPlan("none", 0, 0, 1, 0, 0)
+        return PagedPlan("none", 0, 0, 1, 0, 0)  # max_chunks 1
     path_opt = config.path
     block_n, path = 0, "mla"
     mla_ok = (g.head_size, g.v_head_size) in MLA_SHAPES and aligned
@@ -320,8 +346,49 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
     if meta is not None and not config.num_splits:
         # Metadata may only lower the count, so the shapes-only workspace always suffices.
         splits = min(splits, _auto_splits(g, window, grid_x, block_n, meta, caps, path, config))
+    chunks = balanced_chunks(g, path, splits, config)
+    if chunks:
+        lse_off, ws = workspace_layout(rows, g.v_head_size, chunks, counts=True)
+        return PagedPlan(path, block_n, grid_x, splits, lse_off, ws, True, chunks,
+                         counts_offset(rows, g.v_head_size, chunks))
     lse_off, ws = workspace_layout(rows, g.v_head_size, splits)
-    return PagedPlan(path, block_n, grid_x, splits, lse_off, ws)
+    return PagedPlan(path, block_n, grid_x, splits, lse_off, ws, max_chunks=splits)
+
+
+#: Balanced split-KV limits: the device model weighs at most this many chunk counts, and the
+#: kernel's scratch (its key-tile stages) holds 4 (B + 1) ints.
+BALANCED_MAX_CHUNKS, BALANCED_MAX_BATCH = 64, 8192
+
+
+def balanced_chunks(g: PagedGeometry, path: str, splits: int,
+                    config: PagedAttentionConfig) -> int:
+    """The chunk cap of balanced split-KV for this plan, or 0 when it does not apply.
+
+    The wgmma kernel balances whenever the model splits (``splits > 1``) and the count is not
+    forced: it may give a long sequence up to twice the model's count (what a batch of unequal
+    lengths needs) and a short one fewer, choosing on the device from the real lengths:
+    ``docs/notes/paged_attention.md#balanced-splits``.
+
+    Parameters
+    ----------
+    g
+        The geometry.
+    path
+        The read path of the plan.
+    splits
+        The model's count for the shapes.
+    config
+        The knobs (``balanced``, ``num_splits``, ``max_splits``).
+
+    Returns
+    -------
+    int
+        The cap (>= ``splits``), or 0.
+    """
+    if (path != "wg" or not config.balanced or config.num_splits or splits <= 1
+            or g.batch > BALANCED_MAX_BATCH):
+        return 0
+    return max(splits, min(2 * splits, config.max_splits, BALANCED_MAX_CHUNKS))
 
 
 def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta: np.ndarray | None,
