@@ -288,7 +288,7 @@ __device__ __forceinline__ Sched balanced_sched(
   }
   __syncthreads();
   const int n_max = sMax;
-  const int s_hi = max(1, min(max_splits, n_max));
+  const int s_hi = max(1, min(min(max_splits, 64), n_max));  // sCost holds 64
   // Cost of s = w + 1, w + 1 + nwarp, ...: one warp per candidate, lanes over sequences.
   for (int s = warp + 1; s <= s_hi; s += nwarp) {
     const int C = (n_max + s - 1) / s;
@@ -322,16 +322,33 @@ __device__ __forceinline__ Sched balanced_sched(
   }
   __syncthreads();
   const int C = n_max > 0 ? (n_max + sPick - 1) / sPick : 1;
-  // Exclusive prefix of the busy pairs per sequence (serial per 256 sequences is cheap here).
-  if (tid == 0) {
-    int acc = 0;
-    for (int b = 0; b < B; ++b) {
-      sPre[b] = acc;
-      const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
-      acc += sRB[b] * k;
-    }
-    sPre[B] = acc;
+  // Exclusive prefix of the busy pairs per sequence: each thread sums a contiguous run of
+  // sequences, a warp scan and a scan of the warp totals give its run's offset.
+  __shared__ int sWarp[32];
+  const int per = (B + blockDim.x - 1) / blockDim.x;
+  const int b0 = min(B, tid * per), b1 = min(B, b0 + per);
+  int mine = 0;
+  for (int b = b0; b < b1; ++b) {
+    const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
+    mine += sRB[b] * k;
   }
+  int incl = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) sWarp[warp] = incl;
+  __syncthreads();
+  int base = 0;
+  for (int w = 0; w < warp; ++w) base += sWarp[w];
+  int acc = base + incl - mine;
+  for (int b = b0; b < b1; ++b) {
+    sPre[b] = acc;
+    const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
+    acc += sRB[b] * k;
+  }
+  if (tid == blockDim.x - 1) sPre[B] = acc;
   __syncthreads();
   Sched r{-1, 0, 0, 0, 0};
   const long long i = (long long)blockIdx.y * gridDim.x + blockIdx.x;
