@@ -473,12 +473,17 @@ def test_plan_wgmma_path():
     k = _mla_kernel(path="wg")
     p = k.plan(_decode_metas(1, 8192))
     assert (p.path, p.block_n, p.grid_x) == ("wg", 64, 2) and p.splits > 1
-    # Balanced split-KV: up to twice the model's count per sequence, chosen on the device.
-    assert p.balanced and p.max_chunks == min(2 * p.splits, 64) >= p.splits
-    assert (p.ws_lse_offset, p.ws_bytes) == pa.workspace_layout(128, 512, p.max_chunks, True)
-    assert p.ws_cnt_offset == pa.counts_offset(128, 512, p.max_chunks)
-    assert p.ws_cnt_offset >= p.ws_lse_offset + 128 * p.max_chunks * 4
-    assert p.ws_bytes == p.ws_cnt_offset + 128 * 4
+    assert not p.balanced and p.max_chunks == p.splits  # balanced split-KV is opt-in
+    assert (p.ws_lse_offset, p.ws_bytes) == pa.workspace_layout(128, 512, p.splits)
+    # Opted in, but one sequence has nothing to balance.
+    assert not _mla_kernel(path="wg", balanced=True).plan(_decode_metas(1, 8192)).balanced
+    # Two sequences: up to twice the model's count per sequence, chosen on the device.
+    b = _mla_kernel(path="wg", balanced=True).plan(_decode_metas(2, 8192))
+    assert b.balanced and b.max_chunks == min(2 * b.splits, 64) >= b.splits > 1
+    assert (b.ws_lse_offset, b.ws_bytes) == pa.workspace_layout(256, 512, b.max_chunks, True)
+    assert b.ws_cnt_offset == pa.counts_offset(256, 512, b.max_chunks)
+    assert b.ws_cnt_offset >= b.ws_lse_offset + 256 * b.max_chunks * 4
+    assert b.ws_bytes == b.ws_cnt_offset + 256 * 4
     assert k.workspace_requirement(_decode_metas(1, 8192)).nbytes == p.ws_bytes
     assert k.plan(_decode_metas(128, 8192)).splits == 1
     assert pa.mla_wg_smem_bytes() <= 232448  # sm_90 opt-in

@@ -31,7 +31,7 @@ class Bound:
     """A case's inputs on the device, a poisoned output, and the kernel."""
 
     def __init__(self, rt, c, *, path="auto", num_splits=None, meta=None, cache_out=False,
-                 workspace=True, programmatic=True, balanced=True):
+                 workspace=True, programmatic=True, balanced=False):
         self.rt, self.c, self.meta = rt, c, meta
         cfg = PagedAttentionConfig(path=path, num_splits=num_splits, programmatic=programmatic,
                                    balanced=balanced)
@@ -348,7 +348,7 @@ def _wg_child() -> None:
             rt.latch.check()
         return fn
 
-    # The defaults (PDL, balanced split-KV) and plain stream order with equal splits.
+    # PDL with balanced split-KV (opt-in), and plain stream order with equal splits.
     for new in (True, False):
         for name, kw in WG_CASES.items():
             case(f"{name}-{'pdl-balanced' if new else 'plain'}", plain(kw, new))

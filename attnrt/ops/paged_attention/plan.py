@@ -100,8 +100,9 @@ class PagedAttentionConfig:
         order.
     balanced
         Balanced split-KV on the wgmma path (``docs/notes/paged_attention.md#balanced-splits``):
-        chunk counts per sequence chosen on the device from the real lengths. ``False``: the
-        model's count for every sequence.
+        chunk counts per sequence chosen on the device from the real lengths (faster on
+        batches of unequal lengths; opt-in until its per-CTA prologue is measured not to cost
+        the equal-length rows). ``False``: the model's count for every sequence.
 
     Raises
     ------
@@ -119,7 +120,7 @@ class PagedAttentionConfig:
     combine_launch_us: float = 2.0
     combine_bytes_per_us: float = 3.0e6
     programmatic: bool = True
-    balanced: bool = True
+    balanced: bool = False
 
     def __post_init__(self) -> None:
         # Integer knobs are checked (and numpy integers converted) here, so that a bad value
@@ -356,17 +357,18 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
 
 
 #: Balanced split-KV limits: the device model weighs at most this many chunk counts, and the
-#: kernel's scratch (its key-tile stages) holds 4 (B + 1) ints.
-BALANCED_MAX_CHUNKS, BALANCED_MAX_BATCH = 64, 8192
+#: kernel's scratch (its key-tile stages, 144 KiB) holds 5 (B + 1) ints.
+BALANCED_MAX_CHUNKS, BALANCED_MAX_BATCH = 64, 7168
 
 
 def balanced_chunks(g: PagedGeometry, path: str, splits: int,
                     config: PagedAttentionConfig) -> int:
     """The chunk cap of balanced split-KV for this plan, or 0 when it does not apply.
 
-    The wgmma kernel balances whenever the model splits (``splits > 1``) and the count is not
-    forced: it may give a long sequence up to twice the model's count (what a batch of unequal
-    lengths needs) and a short one fewer, choosing on the device from the real lengths:
+    With ``config.balanced``, the wgmma kernel balances whenever the model splits
+    (``splits > 1``), the count is not forced and there are two or more sequences: it may
+    give a long sequence up to twice the model's count (what a batch of unequal lengths
+    needs) and a short one fewer, choosing on the device from the real lengths:
     ``docs/notes/paged_attention.md#balanced-splits``.
 
     Parameters
@@ -386,7 +388,7 @@ def balanced_chunks(g: PagedGeometry, path: str, splits: int,
         The cap (>= ``splits``), or 0.
     """
     if (path != "wg" or not config.balanced or config.num_splits or splits <= 1
-            or g.batch > BALANCED_MAX_BATCH):
+            or not 1 < g.batch <= BALANCED_MAX_BATCH):
         return 0
     return max(splits, min(2 * splits, config.max_splits, BALANCED_MAX_CHUNKS))
 
