@@ -51,7 +51,7 @@ def balanced(q: np.ndarray, lengths: np.ndarray, H: int, window: int, key_cap: i
         cost = -(-busy // sms) * (C * c.tile_us + c.prologue_us + (c.partial_us if s > 1 else 0))
         if s > 1:
             cost += cfg.combine_launch_us + prow * vhs * 4 / cfg.combine_bytes_per_us
-        if best_cost is None or cost < best_cost:  # the smallest s of equal costs
+        if best_cost is None or cost < best_cost - 1e-3:  # as the device: smallest of ties
             best, best_cost = s, cost
     C = -(-n_max // best) if n_max > 0 else 1
     k = counts(C)

@@ -12,7 +12,6 @@
 #define PA_LATCH_POSITION 4096u
 
 #define PA_NEG_INF __int_as_float(0xff800000)
-#define PA_POS_INF __int_as_float(0x7f800000)
 #define PA_LOG2E 1.4426950408889634f
 
 namespace pa {
@@ -244,9 +243,7 @@ __device__ __forceinline__ void split_tiles(int key_lo, int key_hi, int bn, int 
 //   ceil(busy / sms) * (C * tile_us + pro_us + (s > 1) * part_us)
 //     + (s > 1) * (comb_us + split rows * k * vhs * 4 / comb_rate).
 // CTAs take the busy (row block, chunk) pairs in order: linear index i = y * gridDim.x + x,
-// sequence-major, then row block, then chunk; CTAs past them exit. Scratch: 5 * (B + 1) ints.
-// The candidate costs read only shared memory: a global load per candidate made this
-// prologue several microseconds long (docs/notes/paged_attention.md#balanced-splits).
+// sequence-major, then row block, then chunk; CTAs past them exit. Scratch: 4 * (B + 1) ints.
 struct Sched {
   int x;      // row block (as mla_rows' x); -1: surplus CTA
   int chunk;  // j
@@ -264,7 +261,6 @@ __device__ __forceinline__ Sched balanced_sched(
   int* sRB = sN + (B + 1);      // rb_b
   int* sT0 = sRB + (B + 1);     // t0_b
   int* sPre = sT0 + (B + 1);    // exclusive prefix of rb_b * k_b (B + 1 entries)
-  int* sRows = sPre + (B + 1);  // q_b * H
   __shared__ int sMax;
   __shared__ float sCost[64];
   __shared__ int sPick;
@@ -272,10 +268,9 @@ __device__ __forceinline__ Sched balanced_sched(
   __syncthreads();
   for (int b = tid; b < B; b += blockDim.x) {
     const long long c0 = cu[b], c1 = cu[b + 1];
-    int n = 0, rb = 0, t0 = 0, rows = 0;
+    int n = 0, rb = 0, t0 = 0;
     if (c0 >= 0 && c0 <= c1 && c1 <= n_tokens && c1 > c0) {
       const long long q = c1 - c0;
-      rows = (int)(q * H);
       rb = (int)((q * H + M - 1) / M);
       const long long p0 = past[b];
       const long long hi = min(p0 + q - 1, (long long)key_cap);
@@ -289,7 +284,6 @@ __device__ __forceinline__ Sched balanced_sched(
     sN[b] = n;
     sRB[b] = rb;
     sT0[b] = t0;
-    sRows[b] = rows;
     if (n > 0) atomicMax(&sMax, n);
   }
   __syncthreads();
@@ -298,12 +292,14 @@ __device__ __forceinline__ Sched balanced_sched(
   // Cost of s = w + 1, w + 1 + nwarp, ...: one warp per candidate, lanes over sequences.
   for (int s = warp + 1; s <= s_hi; s += nwarp) {
     const int C = (n_max + s - 1) / s;
-    long long busy = 0;
-    float prow = 0.0f;
+    long long busy = 0, prow = 0;
     for (int b = lane; b < B; b += 32) {
       const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
       busy += (long long)sRB[b] * k;
-      if (k > 1) prow += (float)sRows[b] * k;
+      if (k > 1) {
+        const long long rows = (long long)(cu[b + 1] - cu[b]) * H;
+        prow += rows * k;
+      }
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -313,32 +309,16 @@ __device__ __forceinline__ Sched balanced_sched(
     if (lane == 0) {
       const float waves = (float)((busy + sms - 1) / sms);
       float cost = waves * (C * tile_us + pro_us + (s > 1 ? part_us : 0.0f));
-      if (s > 1) cost += comb_us + prow * vhs * 4.0f / comb_rate;
+      if (s > 1) cost += comb_us + (float)prow * vhs * 4.0f / comb_rate;
       sCost[s - 1] = cost;
     }
   }
   __syncthreads();
-  if (warp == 0) {
-    // Argmin over the candidates, the smallest s of equal costs: lane l holds s = l + 1 and
-    // l + 33, then a butterfly keeps (cost, s) in lexicographic order.
-    float c = PA_POS_INF;
-    int s = 0;
-    for (int t = lane; t < s_hi; t += 32) {
-      if (sCost[t] < c) {
-        c = sCost[t];
-        s = t + 1;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float c2 = __shfl_xor_sync(0xffffffffu, c, o);
-      const int s2 = __shfl_xor_sync(0xffffffffu, s, o);
-      if (s2 > 0 && (s == 0 || c2 < c || (c2 == c && s2 < s))) {
-        c = c2;
-        s = s2;
-      }
-    }
-    if (lane == 0) sPick = max(1, s);
+  if (tid == 0) {
+    int best = 1;
+    for (int s = 2; s <= s_hi; ++s)
+      if (sCost[s - 1] < sCost[best - 1] - 1e-3f) best = s;  // the smallest of equal costs
+    sPick = best;
   }
   __syncthreads();
   const int C = n_max > 0 ? (n_max + sPick - 1) / sPick : 1;
