@@ -390,3 +390,14 @@ def test_pdl_read_is_plain_without_the_write_phase():
     kern.execute(rig.ins, [rig.out], WorkspaceView(rig.rt.address(req.nbytes), req.nbytes))
     assert [(ln.name, ln.programmatic) for ln in rig.rt.launches] == [
         ("paged_mla_wg_fwd", False), ("paged_mla_combine", True)]
+
+
+@pytest.mark.parametrize("bad", [123, object(), np.zeros(4, np.uint8)],
+                         ids=["raw-pointer", "object", "array"])
+def test_workspace_that_is_not_a_view_is_a_type_error(bad):
+    rig = Rig(np.random.default_rng(8), H=16, hs=576, vhs=512, bs=64, rd=64, offset=512,
+              q_lens=(1, 1), past_lens=(300, 70))
+    kern = PagedAttentionFactory(rig.rt, config=PagedAttentionConfig(num_splits=2)).create(
+        rig.c.node, rig.shapes())
+    rig.refuses(lambda: kern.execute(rig.ins, [rig.out], bad), TypeError,
+                "workspace must be a WorkspaceView or None")

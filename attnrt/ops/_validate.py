@@ -8,6 +8,8 @@
   (:func:`check_disjoint`) except where the op defines an alias.
 - Absent optional slots are ``None`` or ``TensorView.absent_slot()``; both mean the same
   (:func:`views`); anything that is not a view is a ``TypeError`` naming the slot.
+- The workspace of ``execute`` is a :class:`WorkspaceView` or ``None``
+  (:func:`check_workspace_view`); anything else is a ``TypeError`` before any other check.
 - Unknown attributes, and more inputs or outputs than the op defines, are refused
   (:func:`check_node`); integer attributes must be integers (:func:`int_attr`); float
   attributes are rounded to float32 once (:func:`float32_attr`), since that is the value the
@@ -23,14 +25,27 @@ from typing import Any
 
 import numpy as np
 
-from attnrt.runtime.api import Node, TensorMetadata, TensorView
+from attnrt.runtime.api import Node, TensorMetadata, TensorView, WorkspaceView
 from attnrt.runtime.errors import KernelError
 
 __all__ = ["PTR_LIMIT", "dims", "byte_span", "check_view", "check_no_self_overlap", "check_disjoint",
-           "views", "metas", "check_node", "int_attr", "float32_attr"]
+           "views", "metas", "check_node", "int_attr", "float32_attr", "check_workspace_view"]
 
 #: Byte offsets and addresses must stay below this (signed 64-bit pointer arithmetic).
 PTR_LIMIT = 2**63
+
+
+def check_workspace_view(workspace: Any, op: str) -> None:
+    """Refuse a workspace that is neither a :class:`WorkspaceView` nor ``None``.
+
+    Raises
+    ------
+    TypeError
+        ``workspace`` is something else (a raw pointer, an array, ...).
+    """
+    if workspace is not None and not isinstance(workspace, WorkspaceView):
+        raise TypeError(f"{op}: workspace must be a WorkspaceView or None, got "
+                        f"{type(workspace).__name__}")
 
 
 def dims(shape: Any, what: str, op: str) -> tuple[int, ...]:

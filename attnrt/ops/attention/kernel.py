@@ -27,6 +27,7 @@ from attnrt.runtime.api import (
 from attnrt.runtime.errors import CaptureError
 
 from .._common import ScratchPool, Variant, check_workspace, get_function
+from .._validate import check_workspace_view
 from .builds import (
     DEC_MAX_SPLITS,
     DEC_TILES,
@@ -178,7 +179,8 @@ class AttentionKernel:
         Raises
         ------
         TypeError
-            ``inputs``/``outputs`` are not lists of views (``None`` for an absent slot).
+            ``inputs``/``outputs`` are not lists of views (``None`` for an absent slot), or
+            ``workspace`` is not a :class:`WorkspaceView` (or ``None``).
         KernelError
             A shape, dtype, stride, pointer range or overlap rule does not fit; nothing was
             launched and nothing written.
@@ -187,6 +189,7 @@ class AttentionKernel:
         CaptureError
             The unfused path is called without a workspace while the stream is capturing.
         """
+        check_workspace_view(workspace, OP)
         dims, dtype, (q, k, v), mask, out = check_call(self.node, self.attrs, inputs, outputs)
         # Plan from metadata exactly as workspace_requirement does (same splits and bytes);
         # pointers or an output layout the tensor-core kernel cannot take switch the kernel

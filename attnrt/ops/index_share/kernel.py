@@ -248,6 +248,8 @@ class IndexShareKernel:
 
         Raises
         ------
+        TypeError
+            ``workspace`` is not a :class:`WorkspaceView` (or ``None``).
         KernelError
             A shape, dtype, stride, aliasing or attribute rule is broken, or (eagerly) a
             ``selected_indices`` row breaks the index rules (:class:`SelectedIndicesError`).
@@ -260,6 +262,7 @@ class IndexShareKernel:
         rt = self.rt
         # Every check first: a refused call reads at most its own inputs back and writes
         # or launches nothing.
+        _v.check_workspace_view(workspace, OP)
         g, (q, k, v, pk, pv, idx, bias), (y, prk, prv) = check_call(self.attrs, inputs, outputs)
         ptrs = [t.ptr for t in (q, k, v, pk, pv, y) if t is not None]
         aligned16 = all(p % 16 == 0 for p in ptrs)

@@ -25,6 +25,7 @@ from attnrt.runtime.api import (
 from attnrt.runtime.errors import Unsupported, WorkspaceError
 
 from .._common import Variant, check_workspace, expect, get_function
+from .._validate import check_workspace_view
 from . import builds
 from .calls import call_metas, call_views, check_aliases
 from .plan import (
@@ -231,9 +232,7 @@ class PagedAttentionKernel:
         self._last_ok = False
         expect(self.rt is not None, f"{OP}: this kernel was created without a runtime (plan-only)")
         ins, outs = call_views(inputs, outputs)
-        if workspace is not None and not isinstance(workspace, WorkspaceView):
-            raise TypeError(f"{OP}: workspace must be a WorkspaceView or None, got "
-                            f"{type(workspace).__name__}")
+        check_workspace_view(workspace, OP)
         geo = validate(self.attrs, ins, outs)
         views: list[Any] = [None if v.absent else v for v in ins[:16]]
         q, kc, out = views[IN_QUERY], views[IN_KEY_CACHE], outs[0]
