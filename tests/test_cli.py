@@ -286,3 +286,55 @@ def test_verify_remove_deletes_directory_entries(tmp_path):
     assert not any(os.path.lexists(p) for p in kinds.values())
     res = run_cli("cache", "verify", env=env, timeout=120, limit_memory=True)
     assert res.stdout.strip() == "0 valid, 0 bad"
+
+
+def test_warm_op_filter_selects_one_ops_variants(monkeypatch):
+    seen: dict = {}
+    variants = cli._variants()
+    paged = cli.select_ops(variants, ["PagedAttention"])
+    assert paged and {op for op, _ in paged} == {"com.microsoft::PagedAttention"}
+    # The full name, any case, and several ops at once.
+    assert cli.select_ops(variants, ["com.microsoft::pagedattention"]) == paged
+    both = cli.select_ops(variants, ["PagedAttention", "Attention"])
+    assert {op for op, _ in both} == {"com.microsoft::PagedAttention", "pkg.nxrt::Attention"}
+    assert cli.select_ops(variants, []) == variants
+    with pytest.raises(ValueError, match="unknown op 'Nope'; registered: .*PagedAttention"):
+        cli.select_ops(variants, ["Nope"])
+    # warm() compiles exactly the selected variants (the pool is replaced by a recorder).
+    monkeypatch.setattr(cli, "ProcessPoolExecutor", _RecordingPool(seen))
+    ok, _skip, errors, _advice = cli.warm(["sm_90"], jobs=1, quiet=True, ops=["PagedAttention"])
+    assert errors == [] and ok == len(paged) == len(seen["work"])
+    assert {w[0] for w in seen["work"]} == {v.file for _, v in paged}
+
+
+def test_warm_unknown_op_is_one_error_and_compiles_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "ProcessPoolExecutor", _RecordingPool({}))
+    assert main(["warm", "--arch", "sm_90", "--op", "Nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown op 'Nope'" in err and err.count("\n") == 1
+
+
+class _RecordingPool:
+    """Stands in for ProcessPoolExecutor: runs nothing, records what warm submits, and hands
+    back finished futures as if every variant came from the cache."""
+
+    def __init__(self, seen: dict) -> None:
+        self.seen = seen
+
+    def __call__(self, *a, **k):
+        return self
+
+    def __enter__(self):
+        self.seen["work"] = []
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, file, module, target, options):
+        from concurrent.futures import Future
+
+        self.seen["work"].append((file, target, options))
+        f: Future = Future()
+        f.set_result((0.0, False, []))
+        return f

@@ -170,6 +170,29 @@ def _variants() -> list[tuple[str, Any]]:
     return out
 
 
+def select_ops(variants: list[tuple[str, Any]], ops: Sequence[str]) -> list[tuple[str, Any]]:
+    """The variants of the named ops (``domain::OpType`` or ``OpType``, any case); all when
+    ``ops`` is empty.
+
+    Raises
+    ------
+    ValueError
+        A name that matches no registered op (the message lists them).
+    """
+    if not ops:
+        return variants
+    names = sorted({op for op, _ in variants})
+
+    def matches(name: str, op: str) -> bool:
+        return name.lower() in (op.lower(), op.split("::")[-1].lower())
+
+    unknown = [n for n in ops if not any(matches(n, op) for op in names)]
+    if unknown:
+        raise ValueError(f"unknown op {', '.join(map(repr, unknown))}; registered: "
+                         f"{', '.join(names)}")
+    return [(op, v) for op, v in variants if any(matches(n, op) for n in ops)]
+
+
 def _warm_one(file: str, module: str, target: str,
               options: tuple[str, ...]) -> tuple[float, bool, list[str]]:
     """One variant into the disk cache (runs in a worker process): (seconds, compiled?,
@@ -244,9 +267,10 @@ class _Progress:
             print(file=self.stream, flush=True)
 
 
-def warm(archs: Sequence[str], jobs: int = 0,
-         quiet: bool = False) -> tuple[int, int, list[str], dict[str, list[str]]]:
-    """Compile every registered kernel variant for ``archs`` into the cache.
+def warm(archs: Sequence[str], jobs: int = 0, quiet: bool = False,
+         ops: Sequence[str] = ()) -> tuple[int, int, list[str], dict[str, list[str]]]:
+    """Compile every registered kernel variant (of ``ops``: :func:`select_ops`) for ``archs``
+    into the cache.
 
     Returns (compiled or found, skipped, error messages, ptxas performance advisories by
     variant: ``"file target options"`` -> the log's "Potential Performance Loss" lines).
@@ -254,9 +278,9 @@ def warm(archs: Sequence[str], jobs: int = 0,
     Raises
     ------
     ValueError
-        An arch that NVRTC or no kernel supports (see :func:`check_archs`).
+        An arch that NVRTC or no kernel supports (see :func:`check_archs`), or an unknown op.
     """
-    variants = _variants()
+    variants = select_ops(_variants(), ops)
     archs = check_archs(archs, variants)
     work = []
     for arch in archs:
@@ -314,11 +338,11 @@ def cmd_warm(args: argparse.Namespace) -> int:
         archs = [compiler.target_arch(dev.capabilities.arch)[0]]
         dev.release()
     try:
-        check_archs(archs, _variants())
+        check_archs(archs, select_ops(_variants(), args.op))
     except ValueError as exc:
         print(f"attnrt warm: error: {exc}", file=sys.stderr)
         return 2
-    _ok, _skip, errors, advice = warm(archs, args.jobs)
+    _ok, _skip, errors, advice = warm(archs, args.jobs, ops=args.op)
     for e in errors:
         print(e, file=sys.stderr)
     if advice:  # compiled, but slowed down (e.g. C7511: serialised wgmmas); per NVRTC version
@@ -361,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--arch", action="append", default=[],
                    help="target such as sm_90, one NVRTC supports (repeatable; default: GPU 0's)")
     w.add_argument("--jobs", type=int, default=0, help="parallel compiles (default: CPU count)")
+    w.add_argument("--op", action="append", default=[],
+                   help="only this op's kernels, e.g. PagedAttention (repeatable; default: all)")
     w.add_argument("--strict", action="store_true",
                    help="exit 1 when ptxas reports a performance loss in any variant (GPU CI)")
     w.set_defaults(func=cmd_warm)
