@@ -258,11 +258,3 @@ def test_class8_softcap_and_scale_are_rounded_to_float32_once():
     assert AttentionFactory(FakeRuntime()).unsupported_reason(node, [Q_SHAPE, KV_SHAPE, KV_SHAPE], [F32] * 3)
     with pytest.raises(KernelError, match="'scale'"):
         reference.attention(node, host)
-
-
-@pytest.mark.parametrize("bad", [123, object(), np.zeros(4, np.uint8)],
-                         ids=["raw-pointer", "object", "array"])
-def test_workspace_that_is_not_a_view_is_a_type_error(bad):
-    c = make_case()
-    assert_refused(c, lambda: c.kern.execute(c.ins, c.outs, bad), TypeError,
-                   "workspace must be a WorkspaceView or None")

@@ -322,11 +322,3 @@ def test_class8_scale_is_rounded_to_float32_for_kernel_and_reference():
             parse_attributes(make_node(scale=bad))
         with pytest.raises(KernelError, match="scale"):
             reference.index_share(make_node(scale=bad), host)
-
-
-@pytest.mark.parametrize("bad", [123, object(), np.zeros(4, np.uint8)],
-                         ids=["raw-pointer", "object", "array"])
-def test_workspace_that_is_not_a_view_is_a_type_error(bad):
-    c = make_case()
-    assert_refused(c, lambda: c.kern.execute(c.ins, c.outs, bad), TypeError,
-                   "workspace must be a WorkspaceView or None")

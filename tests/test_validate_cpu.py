@@ -45,3 +45,19 @@ def test_interleaved_batches_are_not_an_overlap_but_a_shared_element_is():
     o2 = TensorMut((1 << 40) + 2 * 128, BF16, shape, strides)  # starts on Q's second row
     with pytest.raises(KernelError, match="overlaps input Q"):
         check_disjoint({"O": o2}, {"Q": q}, "op")
+
+
+@pytest.mark.parametrize("op", ["attention", "index_share"])
+@pytest.mark.parametrize("bad", [123, object(), "array"], ids=["raw-pointer", "object", "array"])
+def test_workspace_that_is_not_a_view_is_a_type_error(op, bad):
+    """``check_workspace_view`` in execute, before anything else: nothing launched or written
+    (PagedAttention's own rig: tests/test_paged_validation_cpu.py)."""
+    import importlib
+
+    import numpy as np
+
+    rig = importlib.import_module(f"tests.test_{op}_validation_cpu")
+    c = rig.make_case()
+    bad = np.zeros(4, np.uint8) if bad == "array" else bad
+    rig.assert_refused(c, lambda: c.kern.execute(c.ins, c.outs, bad), TypeError,
+                       "workspace must be a WorkspaceView or None")
