@@ -31,10 +31,10 @@ class Bound:
     """A case's inputs on the device, a poisoned output, and the kernel."""
 
     def __init__(self, rt, c, *, path="auto", num_splits=None, meta=None, cache_out=False,
-                 workspace=True, programmatic=True, balanced=False):
+                 workspace=True, programmatic=True, balanced=False, wg_schedule="serial"):
         self.rt, self.c, self.meta = rt, c, meta
         cfg = PagedAttentionConfig(path=path, num_splits=num_splits, programmatic=programmatic,
-                                   balanced=balanced)
+                                   balanced=balanced, wg_schedule=wg_schedule)
         self.kernel = PagedAttentionFactory(rt, config=cfg).create(
             c.node, [None if x is None else x.shape for x in c.inputs[:16]])
         self.bufs = {i: DeviceArray.from_numpy(rt, x) for i, x in enumerate(c.inputs[:16])
@@ -320,8 +320,9 @@ WG_CASES = {
 }
 
 
-def _wg_child() -> None:
-    """Child-process body of test_wgmma_path: every case on a fresh runtime; raises on failure."""
+def _wg_child(schedule: str = "serial") -> None:
+    """Child-process body of test_wgmma_path: every case on a fresh runtime, with the wgmma
+    kernel of ``schedule``; raises on failure."""
     import zlib
 
     import attnrt
@@ -333,15 +334,18 @@ def _wg_child() -> None:
     def case(name, fn):
         try:
             fn(np.random.default_rng(zlib.crc32(name.encode())))
-            print(f"wg {name}: ok", flush=True)
+            print(f"wg-{schedule} {name}: ok", flush=True)
         except Exception as exc:  # keep going: report every failing case
             failures.append(f"{name}: {type(exc).__name__}: {exc}")
-            print(f"wg {name}: FAILED {exc}", flush=True)
+            print(f"wg-{schedule} {name}: FAILED {exc}", flush=True)
+
+    def run_wg(c, **kw):
+        return run(rt, c, path="wg", wg_schedule=schedule, **kw)
 
     def plain(kw, new):
         def fn(rng):
             c = make_case(rng, **{**MLA, **kw})
-            out, cache, plan = run(rt, c, path="wg", programmatic=new, balanced=new)
+            out, cache, plan = run_wg(c, programmatic=new, balanced=new)
             assert plan.path == "wg" and plan.block_n == 64, plan
             # Balanced needs two or more sequences (one has nothing to balance).
             assert plan.balanced == (new and plan.splits > 1 and len(c.inputs[6]) > 1), plan
@@ -357,11 +361,20 @@ def _wg_child() -> None:
     def forced_splits(pdl):
         def fn(rng):
             p = make_case(rng, **{**MLA, "H": 64}, dtype=F16, q_lens=(30, 2), past_lens=(3, 400))
-            out, cache, plan = run(rt, p, path="wg", num_splits=5, programmatic=pdl)
+            out, cache, plan = run_wg(p, num_splits=5, programmatic=pdl)
             assert plan.splits == 5
             check(p, out, cache)
             rt.latch.check()
         return fn
+
+    def one_split(rng):
+        # Many tiles in one CTA: odd and even tile counts, the last tile partial.
+        c = make_case(rng, **{**MLA, "H": 32}, dtype=BF16, rope="half",
+                      q_lens=(1, 1, 2), past_lens=(1470, 1535, 1000))
+        out, cache, plan = run_wg(c, num_splits=1)
+        assert plan.splits == 1
+        check(c, out, cache)
+        rt.latch.check()
 
     def out_of_range(pdl):
         def fn(rng):
@@ -370,7 +383,7 @@ def _wg_child() -> None:
             bad.inputs[7] = bad.inputs[7].copy()
             bad.inputs[7][0, 0] = bad.nb + 5
             bad.inputs[7][1, 1] = -7
-            out, cache, _ = run(rt, bad, path="wg", programmatic=pdl)
+            out, cache, _ = run_wg(bad, programmatic=pdl)
             assert rt.latch.read(clear=True) & PAGED_BLOCK_OUT_OF_RANGE
             check(bad, out, cache, strict=False)
         return fn
@@ -378,13 +391,15 @@ def _wg_child() -> None:
     for pdl in (True, False):
         case(f"forced-splits-prefill-pdl{int(pdl)}", forced_splits(pdl))
         case(f"out-of-range-ids-pdl{int(pdl)}", out_of_range(pdl))
+    case("one-split-many-tiles", one_split)
     rt.synchronize()
     leaked = rt.memory_stats().live_bytes - before
     rt.close()
     assert not failures and leaked == 0, f"{failures}; leaked {leaked} bytes"
 
 
-def test_wgmma_path_in_child_process(rt):
+@pytest.mark.parametrize("schedule", ["serial", "pair"])
+def test_wgmma_path_in_child_process(rt, schedule):
     if tuple(rt.capabilities.compute_capability) != (9, 0):
         pytest.skip("path='wg' (sm_90a wgmma) needs compute capability 9.0")
     import pathlib
@@ -392,6 +407,6 @@ def test_wgmma_path_in_child_process(rt):
     import sys
 
     root = pathlib.Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-c", "from tests.test_paged_gpu import _wg_child; _wg_child()"],
+    r = subprocess.run([sys.executable, "-c", f"from tests.test_paged_gpu import _wg_child; _wg_child({schedule!r})"],
                        cwd=root, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"child exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

@@ -1,8 +1,9 @@
 """What PagedAttention compiles: the variants of its three CUDA files and their launch facts.
 
 ``cuda/paged_small.cu`` (write phase and the CUDA-core ``simple`` read), ``cuda/paged_mla.cu``
-(the mma.sync latent kernel and the split-KV combine) and ``cuda/paged_mla_wg.cu`` (the
-sm_90a wgmma latent kernel). The shared-memory helpers mirror the layouts in those files.
+(the mma.sync latent kernel and the split-KV combine), ``cuda/paged_mla_wg.cu`` and
+``cuda/paged_mla_pair.cu`` (the sm_90a wgmma latent kernels: serial and paired schedules).
+The shared-memory helpers mirror the layouts in those files.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from .schema import SUPPORTED
 
 __all__ = ["MLA_SHAPES", "MLA_ROWS", "MLA_THREADS", "MLA_TILES", "WG_BLOCK_N", "SIMPLE_THREADS",
            "WRITE_THREADS", "COMBINE_THREADS", "mla_smem_bytes", "mla_wg_smem_bytes",
-           "simple_smem_bytes", "small_variant", "mla_variant", "wg_variant", "compile_variants"]
+           "mla_pair_smem_bytes", "simple_smem_bytes", "small_variant", "mla_variant", "wg_variant",
+           "compile_variants"]
 
 MLA_SHAPES = ((576, 512),)  # (head_size, v_head_size) built for the tensor-core path
 MLA_ROWS, MLA_THREADS = 64, 256
@@ -85,6 +87,31 @@ def mla_wg_smem_bytes(head_size: int = 576) -> int:
     return q + kv + p + rows + 1024
 
 
+def mla_pair_smem_bytes(head_size: int = 576) -> int:
+    """Dynamic shared memory of ``paged_mla_pair_fwd`` (mirrors SMEM_BYTES in paged_mla_pair.cu).
+
+    Q and two 64-key tile buffers in 1024-byte-aligned swizzle atoms, the P of the second
+    buffer (the first's lives in its rotary sub-tile), the row max and two rescale vectors,
+    the key-valid bytes, one mbarrier per 64-channel sub-tile of each buffer, plus 1 KiB of
+    slack to align the base.
+
+    Parameters
+    ----------
+    head_size
+        Latent width.
+
+    Returns
+    -------
+    int
+        Bytes.
+    """
+    q = MLA_ROWS * head_size * 2
+    kv = 2 * WG_BLOCK_N * head_size * 2
+    p = MLA_ROWS * WG_BLOCK_N * 2
+    rows = 3 * MLA_ROWS * 4 + 2 * WG_BLOCK_N + 2 * (head_size // 64) * 8
+    return q + kv + p + rows + 1024
+
+
 def small_variant() -> Variant:
     """The write phase and the ``simple`` read path (both dtypes, one compile)."""
     return Variant("paged_small.cu", ("paged_write_f16", "paged_write_bf16", "paged_simple_f16",
@@ -98,8 +125,14 @@ def mla_variant(dtype: DataType, block_n: int, shape: tuple[int, int] = MLA_SHAP
                     "PA_HS": shape[0], "PA_VHS": shape[1]})
 
 
-def wg_variant(dtype: DataType, shape: tuple[int, int] = MLA_SHAPES[0]) -> Variant:
-    """The sm_90a wgmma latent kernel for one dtype and (head, value) width."""
+def wg_variant(dtype: DataType, shape: tuple[int, int] = MLA_SHAPES[0],
+               schedule: str = "serial") -> Variant:
+    """The sm_90a wgmma latent kernel of one schedule (``serial`` or ``pair``) for one dtype
+    and (head, value) width."""
+    if schedule == "pair":
+        return Variant("paged_mla_pair.cu", ("paged_mla_pair_fwd",),
+                       {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
+                        "PA_VHS": shape[1]}, min_arch=90, arch_suffix="a")
     return Variant("paged_mla_wg.cu", ("paged_mla_wg_fwd",),
                    {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
                     "PA_VHS": shape[1]}, min_arch=90, arch_suffix="a")
@@ -111,8 +144,10 @@ def compile_variants() -> list[Variant]:
     Returns
     -------
     list of Variant
-        The small kernels, then every mma.sync tile, then the wgmma kernels.
+        The small kernels, then every mma.sync tile, then the wgmma kernels (both
+        schedules).
     """
     return [small_variant()] + [mla_variant(dt, bn, sh) for sh in MLA_SHAPES
                                 for dt in SUPPORTED for bn in MLA_TILES] + \
-        [wg_variant(dt, sh) for sh in MLA_SHAPES for dt in SUPPORTED]
+        [wg_variant(dt, sh, sched) for sched in ("serial", "pair") for sh in MLA_SHAPES
+         for dt in SUPPORTED]

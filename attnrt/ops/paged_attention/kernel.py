@@ -316,8 +316,11 @@ class PagedAttentionKernel:
             args = [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o, ws_lse,
                     latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.max_chunks)]
             if p.path == "wg":
-                fn = self._fn(builds.wg_variant(g.dtype), "paged_mla_wg_fwd")
-                smem = builds.mla_wg_smem_bytes(g.head_size)
+                sched = self.config.wg_schedule
+                variant = builds.wg_variant(g.dtype, schedule=sched)
+                fn = self._fn(variant, variant.entries[0])
+                smem = (builds.mla_pair_smem_bytes(g.head_size) if sched == "pair"
+                        else builds.mla_wg_smem_bytes(g.head_size))
                 # The device-side split model: the planner's, with the real lengths.
                 c, cfg = self.config.wg_cost, self.config
                 args += [ws_cnt, i32(self._caps().sm_count), f32(c.tile_us), f32(c.prologue_us),

@@ -35,6 +35,10 @@ __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan"
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
 PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
+#: Schedules of the wgmma path: ``serial`` (one warpgroup's S and softmax, then both P V,
+#: ``cuda/paged_mla_wg.cu``) or ``pair`` (the warpgroups alternate tiles,
+#: ``cuda/paged_mla_pair.cu``).
+WG_SCHEDULES = ("serial", "pair")
 WS_ALIGN = 256
 
 
@@ -103,11 +107,15 @@ class PagedAttentionConfig:
         chunk counts per sequence chosen on the device from the real lengths (faster on
         batches of unequal lengths; opt-in until its per-CTA prologue is measured not to cost
         the equal-length rows). ``False``: the model's count for every sequence.
+    wg_schedule
+        One of :data:`WG_SCHEDULES`: which kernel runs the wgmma path
+        (``docs/notes/paged_attention.md#pair-kernel``). Both take the same grid, splits and
+        workspace.
 
     Raises
     ------
     ValueError
-        An unknown path, a split count outside [1, 65535], an unbuilt tile, or an integer
+        An unknown path or wgmma schedule, a split count outside [1, 65535], an unbuilt tile, or an integer
         knob (``num_splits``, ``max_splits``, ``mla_tiles``) that is not an integer.
     """
 
@@ -121,12 +129,16 @@ class PagedAttentionConfig:
     combine_bytes_per_us: float = 3.0e6
     programmatic: bool = True
     balanced: bool = False
+    wg_schedule: str = "serial"
 
     def __post_init__(self) -> None:
         # Integer knobs are checked (and numpy integers converted) here, so that a bad value
         # is refused when the config is built, never half-way through a call's launches.
         if self.path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, got {self.path!r}")
+        if self.wg_schedule not in WG_SCHEDULES:
+            raise ValueError(f"wg_schedule must be one of {WG_SCHEDULES}, "
+                             f"got {self.wg_schedule!r}")
         if self.num_splits is not None:
             n = _integer(self.num_splits, "num_splits")
             if not 1 <= n <= 65535:
@@ -161,6 +173,7 @@ class PagedPlan:
     #: Balanced split-KV (docs/notes/paged_attention.md#balanced-splits): the kernel picks each
     #: sequence's chunk count on the device, at most ``max_chunks``; else ``splits`` each.
     balanced: bool = False
+    wg_schedule: str = "serial"
     #: The grid's second dimension and the workspace's split stride.
     max_chunks: int = 1
     ws_cnt_offset: int = 0

@@ -1,0 +1,551 @@
+// PagedAttention (LATENT / MLA) read phase, sm_90a: two warpgroups on alternating pages.
+//
+// Same contract, arguments, grid and workspace as paged_mla_wg_fwd (paged_mla_wg.cu); the
+// partials are merged by paged_mla_combine (paged_mla.cu). Defines: PA_BF16, PA_HS / PA_VHS
+// (576 / 512). Why this schedule: docs/notes/paged_attention.md#pair-kernel.
+//
+// A CTA (256 threads = warpgroups WG0 and WG1) owns M = 64 (token, head) rows and a range of
+// 64-key tiles, taken in pairs: tile 2i in buffer 0, tile 2i + 1 in buffer 1. WG0 computes
+// S = Q K^T and the softmax of buffer 0, WG1 those of buffer 1, and each warpgroup then runs
+// P V over both tiles for its 256 value columns (O is 64 x 256 f32 per warpgroup), so one
+// warpgroup's softmax overlaps the other's MMAs. The running row max is handed over in
+// shared memory: WG0 raises it with tile 2i, WG1 with tile 2i + 1, and the P of tile 2i is
+// rescaled to the pair's max before WG1 reads it.
+//
+// Shared memory: Q (64 x 576), two tile buffers (64 x 576 each) and the P of buffer 1, all
+// in the wgmma 128-byte swizzle (64-channel sub-tiles of [rows][128 bytes], 16-byte chunk c
+// of row r at chunk c ^ (r & 7), 1024-byte aligned). The P of buffer 0 lives in buffer 0's
+// last (rotary) sub-tile, which only S reads. Each 64-channel sub-tile of a buffer has an
+// mbarrier that cp.async completes (cp.async.mbarrier.arrive); a sub-tile is refilled with
+// the tile two ahead as soon as its last reader is done: channels 0-255 by WG0 after its
+// P V of the tile, channels 256-575 by WG1 after its own. S of the next tile waits on the
+// sub-tiles one by one, so its MMAs start while the rest of the tile is still landing.
+#include "paged_common.cuh"
+
+#ifndef PA_BF16
+#define PA_BF16 1
+#endif
+#ifndef PA_HS
+#define PA_HS 576
+#endif
+#ifndef PA_VHS
+#define PA_VHS 512
+#endif
+
+#if PA_BF16
+typedef __nv_bfloat16 elem_t;
+#define NXRT_WG_AB "bf16.bf16"
+#else
+typedef __half elem_t;
+#define NXRT_WG_AB "f16.f16"
+#endif
+
+namespace {
+
+constexpr int HS = PA_HS;
+constexpr int VHS = PA_VHS;
+constexpr int BN = 64;          // keys per tile
+constexpr int KS = BN / 16;     // k-steps of P V
+constexpr int M = 64;           // query rows per CTA (the wgmma M)
+constexpr int NTHREADS = 256;   // two warpgroups
+constexpr int HB = HS / 64;     // 64-channel sub-tiles per latent row
+constexpr int VBW = VHS / 128;  // 64-column blocks of O per warpgroup; WG0 loads sub-tiles
+                                // 0 .. VBW - 1 of every tile, WG1 the rest
+
+static_assert(HS % 64 == 0, "latent width must be a multiple of 64 (128-byte swizzle rows)");
+static_assert(VHS % 128 == 0 && VHS + 64 <= HS,
+              "value width a multiple of 128 and at least one sub-tile (the P of buffer 0) "
+              "past it");
+
+// Shared memory layout (bytes from a 1024-aligned base); builds.py mirrors SMEM_BYTES in
+// mla_pair_smem_bytes().
+constexpr int QBLK = M * 128;              // one 64-channel sub-tile of Q
+constexpr int TBLK = BN * 128;             // one 64-channel sub-tile of a tile
+constexpr int T_BYTES = HB * TBLK;         // one tile buffer
+constexpr int OFF_K = HB * QBLK;           // two tile buffers
+constexpr int OFF_P0 = OFF_K + (HB - 1) * TBLK;  // P of buffer 0: its last sub-tile
+constexpr int OFF_P1 = OFF_K + 2 * T_BYTES;      // P of buffer 1; before the loop the row
+                                                 // data (int[3][M] last key, first key, out
+                                                 // row, then int[8] scratch), at the end the
+                                                 // row sums (float[2][M])
+constexpr int OFF_MAX = OFF_P1 + M * 128;        // float[M] running row max (log2 domain)
+constexpr int OFF_SC0 = OFF_MAX + M * 4;         // float[M] WG0's rescale of the pair
+constexpr int OFF_SC1 = OFF_SC0 + M * 4;         // float[M] WG1's rescale of the pair
+constexpr int OFF_VALID = OFF_SC1 + M * 4;       // uchar[2][BN] key row resolved
+constexpr int OFF_BAR = OFF_VALID + 2 * BN;      // u64[2][HB] sub-tile mbarriers
+constexpr int SMEM_USED = OFF_BAR + 2 * HB * 8;
+constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
+static_assert(OFF_K % 1024 == 0 && OFF_P1 % 1024 == 0 && T_BYTES % 1024 == 0 &&
+              OFF_BAR % 8 == 0, "swizzle atoms 1024-byte, mbarriers 8-byte aligned");
+
+// Named barriers between the warpgroups (0 is __syncthreads); each is one warpgroup's
+// bar.arrive and the other's bar.sync, 256 threads.
+constexpr int BAR_SCALE0 = 1;  // WG0 -> WG1: row max and rescale of tile 2i published
+constexpr int BAR_SCALE1 = 2;  // WG1 -> WG0: row max and rescale of tile 2i + 1 published
+constexpr int BAR_P0 = 3;      // WG0 -> WG1: P of tile 2i (at the pair's max) in shared memory
+constexpr int BAR_P1 = 4;      // WG1 -> WG0: P of tile 2i + 1 in shared memory
+
+#include "wgmma.cuh"
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
+paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ key_cache,
+                   const elem_t* __restrict__ cos_c, const elem_t* __restrict__ sin_c,
+                   const int* __restrict__ cu, const int* __restrict__ past,
+                   const int* __restrict__ block_table, elem_t* __restrict__ out,
+                   float* __restrict__ ws_o, float* __restrict__ ws_lse,
+                   unsigned* __restrict__ latch, int n_tokens, int H, int B, int num_blocks,
+                   int block_size, int max_blocks, int rd, int off, int max_pos, int interleaved,
+                   int do_rotary, float scale, float softcap, int window, int num_splits,
+                   int* __restrict__ ws_cnt, int sms, float tile_us, float pro_us,
+                   float part_us, float comb_us, float comb_rate) {
+  typedef pa::Num<elem_t> N;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  if (pa::dynamic_smem_bytes() < (unsigned)SMEM_BYTES) return;
+  unsigned char* smem = smem_raw + ((1024u - (pa::smem_u32(smem_raw) & 1023u)) & 1023u);
+  const unsigned sbase = pa::smem_u32(smem);  // 1024-aligned
+  unsigned char* sQ = smem;
+  unsigned char* sP0 = smem + OFF_P0;
+  unsigned char* sP1 = smem + OFF_P1;
+  int* sRowP = reinterpret_cast<int*>(sP1);
+  int* sRowLo = sRowP + M;
+  int* sRowOut = sRowLo + M;
+  int* sMisc = sRowOut + M;
+  float* sMax = reinterpret_cast<float*>(smem + OFF_MAX);
+  float* sSc0 = reinterpret_cast<float*>(smem + OFF_SC0);
+  float* sSc1 = reinterpret_cast<float*>(smem + OFF_SC1);
+  unsigned char* sValid = smem + OFF_VALID;
+  auto bar = [&](int buf, int sub) { return sbase + OFF_BAR + 8u * (buf * HB + sub); };
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  // Warp-uniform (a shuffle from lane 0), so ptxas keeps the wgmma of each branch pipelined.
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wq = warp & 3;
+  const int g = lane >> 2, tq = lane & 3;
+  int x = blockIdx.x;
+  int split = blockIdx.y, n_split = num_splits;
+  pa::Sched sc{0, 0, 0, 0, 0};
+  if (ws_cnt != nullptr) {
+    sc = pa::balanced_sched(cu, past, n_tokens, H, B, M, BN, max_blocks * block_size, window,
+                            num_splits, sms, tile_us, pro_us, part_us, comb_us, comb_rate, VHS,
+                            reinterpret_cast<int*>(smem + OFF_K));
+    if (sc.x < 0) return;  // surplus CTA (uniform)
+    x = sc.x;
+    split = sc.chunk;
+    n_split = sc.k;
+  }
+
+  int key_lo, key_hi;
+  const int b = pa::mla_rows<M>(cu, past, latch, n_tokens, H, B, x, max_blocks, block_size,
+                                max_pos, do_rotary, window, sMisc, sRowP, sRowLo, sRowOut,
+                                key_lo, key_hi);
+  if (b < 0) return;  // surplus CTA (uniform)
+  int tile_begin, n_tiles;
+  if (ws_cnt != nullptr) {
+    tile_begin = max(sc.t_lo, key_lo / BN);
+    n_tiles = key_hi >= key_lo ? max(0, min(sc.t_end, key_hi / BN + 1) - tile_begin) : 0;
+  } else {
+    pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
+  }
+  n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
+
+  // This thread's two rows in the wgmma accumulator layout (the same in both warpgroups),
+  // read before the row data's buffer is reused for P.
+  int my_p[2], my_lo[2], my_out[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    my_p[hf] = sRowP[16 * wq + g + 8 * hf];
+    my_lo[hf] = sRowLo[16 * wq + g + 8 * hf];
+    my_out[hf] = sRowOut[16 * wq + g + 8 * hf];
+  }
+
+  // ---- Loads. Each thread copies tile rows ld_r + 16 k (k < 4), 16-byte chunk ld_c of each
+  // 64-channel sub-tile its warpgroup loads, then arrives (cp.async completion) on that
+  // sub-tile's mbarrier: 128 arrivals a phase, plus, on sub-tile 0, WG0's 128 plain arrivals
+  // after it wrote the tile's key-valid bytes.
+  const int wt = tid & 127;
+  const int ld_r = wt >> 3, ld_c = wt & 7;
+  const int* bt_row = block_table + (long long)b * max_blocks;
+  // Cache row of each of this thread's rows of tile t: >= 0 a row of the cache; -1 a key no
+  // row of this CTA reads (zero-filled); -2 a key whose block id is out of range
+  // (zero-filled, masked, latched).
+  auto lookup = [&](int t, int (&src)[4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int j = (tile_begin + t) * BN + ld_r + 16 * k;
+      int s = -1;
+      if (j >= key_lo && j <= key_hi) {
+        const int blk = j / block_size;
+        const int phys = blk < max_blocks ? bt_row[blk] : -1;
+        s = (phys >= 0 && phys < num_blocks) ? phys * block_size + (j & (block_size - 1)) : -2;
+      }
+      src[k] = s;
+    }
+  };
+  auto load_sub = [&](int buf, int sub, const int (&src)[4]) {
+    const unsigned dst = sbase + OFF_K + buf * T_BYTES + sub * TBLK;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int r = ld_r + 16 * k;
+      const bool ok = src[k] >= 0;
+      pa::cp_async16(dst + r * 128 + ((ld_c ^ (r & 7)) << 4),
+                     ok ? key_cache + (long long)src[k] * HS + sub * 64 + ld_c * 8 : key_cache,
+                     ok ? 16 : 0);
+    }
+    cp_async_mbar_arrive(bar(buf, sub));
+  };
+  // This warpgroup's share of tile t (buffer t & 1).
+  auto issue = [&](int t, const int (&src)[4]) {
+    const int buf = t & 1;
+    if (wg == 0) {
+#pragma unroll
+      for (int sub = 0; sub < VBW; ++sub) load_sub(buf, sub, src);
+      if (ld_c == 0) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          sValid[buf * BN + ld_r + 16 * k] = src[k] >= 0 ? 1 : 0;
+          if (src[k] == -2) atomicOr(latch, PA_LATCH_BLOCK);
+        }
+      }
+      mbar_arrive(bar(buf, 0));
+    } else {
+#pragma unroll
+      for (int sub = VBW; sub < HB; ++sub) load_sub(buf, sub, src);
+    }
+  };
+
+  float o[VBW][32];
+#pragma unroll
+  for (int q = 0; q < VBW; ++q)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[q][i] = 0.0f;
+  float l_run[2] = {0.0f, 0.0f};  // this warpgroup's share of the row sums, at sMax
+
+  if (tid < M) sMax[tid] = PA_NEG_INF;
+  if (tid == 0) {
+#pragma unroll
+    for (int buf = 0; buf < 2; ++buf)
+#pragma unroll
+      for (int sub = 0; sub < HB; ++sub) mbar_init(bar(buf, sub), sub == 0 ? 256 : 128);
+  }
+  int srcA[4], srcB[4];
+  if (n_tiles > 0) {
+    // Q rows (zero for rows past the sequence) as one cp.async group.
+    for (int idx = tid; idx < M * (HS / 8); idx += NTHREADS) {
+      const int r = idx / (HS / 8), c = idx - r * (HS / 8);
+      const int orow = sRowOut[r];
+      const bool ok = orow >= 0;
+      pa::cp_async16(pa::smem_u32(sQ + sw_off(r, c, QBLK)),
+                     ok ? query + (long long)orow * HS + c * 8 : query, ok ? 16 : 0);
+    }
+    pa::cp_async_commit();
+    lookup(0, srcA);
+    if (n_tiles > 1) lookup(1, srcB);
+  }
+  __syncthreads();  // mbarriers initialised, sMax set
+  if (n_tiles > 0) {
+    // Launched programmatically after the write kernel (kernel.py): everything above reads
+    // only inputs that kernel does not write; the latent cache waits for it to complete.
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    issue(0, srcA);
+    if (n_tiles > 1) issue(1, srcB);
+    pa::cp_async_commit();
+    pa::cp_async_wait<1>();  // the Q group
+    fence_proxy_async();
+    __syncthreads();
+    if (do_rotary) {
+      const int half = rd >> 1;
+      for (int idx = tid; idx < M * half; idx += NTHREADS) {
+        const int r = idx / half, i = idx - r * half;
+        const int p = sRowP[r];
+        if (p < 0) continue;
+        const int d1 = interleaved ? off + 2 * i : off + i;
+        const int d2 = interleaved ? d1 + 1 : d1 + half;
+        elem_t* e1 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d1 >> 3, QBLK)) + (d1 & 7);
+        elem_t* e2 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d2 >> 3, QBLK)) + (d2 & 7);
+        const float cs = N::to_f(cos_c[(long long)p * half + i]);
+        const float sn = N::to_f(sin_c[(long long)p * half + i]);
+        const float x1 = N::to_f(*e1), x2 = N::to_f(*e2);
+        *e1 = N::from_f(x1 * cs - x2 * sn);
+        *e2 = N::from_f(x2 * cs + x1 * sn);
+      }
+      fence_proxy_async();
+      __syncthreads();
+    }
+  }
+
+  const float sl2 = scale * PA_LOG2E;
+  // S (64 x BN) of the tile in buffer `buf` over sub-tiles [from, to), waiting on each
+  // sub-tile's mbarrier (phase parity `par`) just before its MMAs; from == 0 overwrites s.
+  // Issued and committed as one wgmma group.
+  auto issue_s = [&](float (&s)[BN / 2], int buf, unsigned par, int from, int to) {
+    const unsigned kb = sbase + OFF_K + buf * T_BYTES;
+    fence_regs(s);
+#pragma unroll
+    for (int sub = 0; sub < HB; ++sub) {
+      if (sub < from || sub >= to) continue;
+      mbar_wait(bar(buf, sub), par);
+      fence_proxy_async();
+      if (sub == from) wg_fence();
+#pragma unroll
+      for (int kq = 0; kq < 4; ++kq) {
+        wg_ss(s, desc_sw128(sbase + sub * QBLK + kq * 32, 16, 1024),
+              desc_sw128(kb + sub * TBLK + kq * 32, 16, 1024), (sub > 0 || kq > 0) ? 1 : 0);
+      }
+    }
+    wg_commit();
+  };
+  // Scale, softcap and mask S of tile t (buffer t & 1) in place (log2 domain, -inf when
+  // masked); returns the row maxima of this thread's two rows over the tile.
+  auto mask_s = [&](float (&s)[BN / 2], int t, float (&mx)[2]) {
+    const int key0 = (tile_begin + t) * BN;
+    const unsigned char* valid = sValid + (t & 1) * BN;
+    mx[0] = mx[1] = PA_NEG_INF;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int hf = e >> 1;
+        const int kl = 8 * j + 2 * tq + (e & 1);
+        const int jj = key0 + kl;
+        const bool ok = valid[kl] && jj >= my_lo[hf] && jj <= my_p[hf];
+        float v = softcap > 0.0f ? softcap * tanhf(s[4 * j + e] * scale / softcap) * PA_LOG2E
+                                 : s[4 * j + e] * sl2;
+        v = ok ? v : PA_NEG_INF;
+        s[4 * j + e] = v;
+        mx[hf] = fmaxf(mx[hf], v);
+      }
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+    }
+  };
+  // P = 2^(s - m) in place (s masked, m finite or 0), its A fragments (row g: regs 0/2, row
+  // g + 8: regs 1/3) and this thread's part of the row sums.
+  auto exp_p = [&](float (&s)[BN / 2], const float (&m)[2], unsigned (&frag)[KS][4],
+                   float (&rs)[2]) {
+    rs[0] = rs[1] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[4 * j + e] = ex2_ftz(s[4 * j + e] - m[e >> 1]);
+        rs[e >> 1] += s[4 * j + e];
+      }
+      frag[j >> 1][2 * (j & 1) + 0] = N::pack2(s[4 * j + 0], s[4 * j + 1]);
+      frag[j >> 1][2 * (j & 1) + 1] = N::pack2(s[4 * j + 2], s[4 * j + 3]);
+    }
+  };
+  // P fragments into a swizzled [M][BN] shared-memory array (the A operand of P V there).
+  auto store_p = [&](unsigned char* sp, const unsigned (&frag)[KS][4]) {
+    const int r0 = 16 * wq + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j) {
+      *reinterpret_cast<unsigned*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + 4 * tq) =
+          frag[j >> 1][2 * (j & 1) + 0];
+      *reinterpret_cast<unsigned*>(sp + (r0 + 8) * 128 + ((j ^ ((r0 + 8) & 7)) << 4) + 4 * tq) =
+          frag[j >> 1][2 * (j & 1) + 1];
+    }
+  };
+  auto rescale = [&](float c0, float c1) {
+#pragma unroll
+    for (int q = 0; q < VBW; ++q)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        o[q][4 * j + 0] *= c0;
+        o[q][4 * j + 1] *= c0;
+        o[q][4 * j + 2] *= c1;
+        o[q][4 * j + 3] *= c1;
+      }
+  };
+  // O += P V over this warpgroup's value columns of buffer `buf`: P from registers or, when
+  // sp != 0, from shared memory (the other warpgroup's). Issued and committed.
+  auto issue_pv = [&](const unsigned (&frag)[KS][4], unsigned sp, int buf) {
+    const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
+#pragma unroll
+    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const unsigned long long dv = desc_sw128(vb + kk * (16 * 128), TBLK, 1024);
+      if (sp != 0) {
+        wg_ss256(o, desc_sw128(sp + kk * 32, 16, 1024), dv);
+      } else {
+        wg_rs256(o, frag[kk], dv);
+      }
+    }
+    wg_commit();
+  };
+  auto settle = [&](float (&s)[BN / 2]) {
+    fence_regs(s);
+#pragma unroll
+    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+  };
+
+  const int r0 = 16 * wq + g;
+  float s[BN / 2];
+  unsigned frag[KS][4];
+  if (n_tiles > 0) {
+    if (wg == 0) {
+      issue_s(s, 0, 0, 0, HB);
+      wg_wait0();
+    } else if (n_tiles > 1) {
+      issue_s(s, 1, 0, 0, HB);
+      wg_wait0();
+    }
+    settle(s);
+  }
+  const int n_pairs = (n_tiles + 1) >> 1;
+  for (int i = 0; i < n_pairs; ++i) {
+    const int t0 = 2 * i;
+    const bool has1 = t0 + 1 < n_tiles, nxt0 = t0 + 2 < n_tiles, nxt1 = t0 + 3 < n_tiles;
+    const unsigned npar = (i + 1) & 1;  // phase of the buffers' next fill
+    if (nxt0) lookup(t0 + 2, srcA);
+    if (nxt1) lookup(t0 + 3, srcB);
+    if (wg == 0) {
+      // Tile 2i: raise the row max, publish it with the rescale of everything before.
+      float mx[2], m_use[2], c[2], rs[2];
+      mask_s(s, t0, mx);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float old = sMax[r0 + 8 * hf];
+        const float m_new = fmaxf(old, mx[hf]);
+        // No key yet: keep -inf in sMax and use 0 here, so no (-inf) - (-inf) appears.
+        m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
+        c[hf] = ex2_ftz(old - m_use[hf]);
+        __syncwarp();  // the quad's reads of sMax before its write
+        if (tq == 0) {
+          sMax[r0 + 8 * hf] = m_new;
+          sSc0[r0 + 8 * hf] = c[hf];
+        }
+      }
+      named_bar_arrive(BAR_SCALE0, NTHREADS);
+      rescale(c[0], c[1]);
+      exp_p(s, m_use, frag, rs);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
+      issue_pv(frag, 0u, 0);
+      wg_wait0();
+      settle(s);
+      // WG1 has the pair's max: tile 2i's channels 0-255 are free (S and this P V done).
+      named_bar_sync(BAR_SCALE1, NTHREADS);
+      if (nxt0) issue(t0 + 2, srcA);
+      const float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
+      // P of tile 2i at the pair's max, for WG1's columns.
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+        frag[j >> 1][2 * (j & 1) + 0] = N::pack2(s[4 * j + 0] * c0, s[4 * j + 1] * c0);
+        frag[j >> 1][2 * (j & 1) + 1] = N::pack2(s[4 * j + 2] * c1, s[4 * j + 3] * c1);
+      }
+      store_p(sP0, frag);
+      fence_proxy_async();
+      named_bar_arrive(BAR_P0, NTHREADS);
+      rescale(c0, c1);
+      l_run[0] *= c0;
+      l_run[1] *= c1;
+      if (has1) {
+        named_bar_sync(BAR_P1, NTHREADS);
+        fence_proxy_async();
+        issue_pv(frag, sbase + OFF_P1, 1);
+      }
+      if (nxt0) issue_s(s, 0, npar, 0, VBW);
+      if (nxt1) {
+        wg_wait1();  // P V of tile 2i + 1 done: its channels 0-255 are free
+        issue(t0 + 3, srcB);
+      }
+      if (nxt0) issue_s(s, 0, npar, VBW, HB);
+      wg_wait0();
+      settle(s);
+    } else {
+      // Tile 2i + 1: raise the max WG0 published, rescale to it.
+      named_bar_sync(BAR_SCALE0, NTHREADS);
+      float mx[2] = {PA_NEG_INF, PA_NEG_INF}, m_use[2], c[2], rs[2] = {0.0f, 0.0f};
+      if (has1) mask_s(s, t0 + 1, mx);
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        const float old = sMax[r0 + 8 * hf];
+        const float m_new = fmaxf(old, mx[hf]);
+        m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
+        const float c1 = has1 ? ex2_ftz(old - m_use[hf]) : 1.0f;
+        c[hf] = c1 * sSc0[r0 + 8 * hf];
+        __syncwarp();
+        if (tq == 0) {
+          sMax[r0 + 8 * hf] = m_new;
+          sSc1[r0 + 8 * hf] = c1;
+        }
+      }
+      named_bar_arrive(BAR_SCALE1, NTHREADS);
+      rescale(c[0], c[1]);
+      if (has1) {
+        exp_p(s, m_use, frag, rs);
+        store_p(sP1, frag);
+        fence_proxy_async();
+        named_bar_arrive(BAR_P1, NTHREADS);
+        issue_pv(frag, 0u, 1);
+      }
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
+      named_bar_sync(BAR_P0, NTHREADS);
+      fence_proxy_async();
+      issue_pv(frag, sbase + OFF_P0, 0);
+      if (nxt1) {
+        wg_wait1();  // P V of tile 2i + 1 done: its channels 256-575 are free
+        issue(t0 + 3, srcB);
+      }
+      wg_wait0();  // P V of tile 2i done: its channels 256-575 (and its P) are free
+      if (nxt0) issue(t0 + 2, srcA);
+      if (nxt1) {
+        issue_s(s, 1, npar, 0, HB);
+        wg_wait0();
+      }
+      settle(s);
+    }
+  }
+
+  // ---- Epilogue: the row sums of both warpgroups (at the final max), then O / l.
+  __syncthreads();  // every P V is done: P1's buffer holds the row sums now
+  float* sL = reinterpret_cast<float*>(sP1);
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    float v = l_run[hf];
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    if (tq == 0) sL[wg * M + r0 + 8 * hf] = v;
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf) {
+    const int r = r0 + 8 * hf;
+    const int orow = my_out[hf];
+    if (orow < 0) continue;
+    const float l = sL[r] + sL[M + r];
+    if (wg == 0 && tq == 0) {
+      if (ws_cnt != nullptr && split == 0) ws_cnt[orow] = n_split;
+      if (n_split > 1) {
+        ws_lse[(long long)orow * num_splits + split] =
+            l > 0.0f ? sMax[r] + __log2f(l) : PA_NEG_INF;
+      }
+    }
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int col = wg * (VHS / 2) + 2 * tq;
+    if (n_split == 1) {
+      elem_t* dst = out + (long long)orow * VHS + col;
+#pragma unroll
+      for (int q = 0; q < VBW; ++q)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<unsigned*>(dst + 64 * q + 8 * j) =
+              N::pack2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
+    } else {
+      float* dst = ws_o + ((long long)orow * num_splits + split) * VHS + col;
+#pragma unroll
+      for (int q = 0; q < VBW; ++q)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          *reinterpret_cast<float2*>(dst + 64 * q + 8 * j) =
+              make_float2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
+    }
+  }
+}
