@@ -360,22 +360,29 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         o[q][4 * j + 3] *= c1;
       }
   };
-  // O += P V over this warpgroup's value columns of buffer `buf`: P from registers or, when
-  // sp != 0, from shared memory (the other warpgroup's). Issued and committed.
-  auto issue_pv = [&](const unsigned (&frag)[KS][4], unsigned sp, int buf) {
-    const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
+  // O += P V over this warpgroup's value columns of buffer `buf`, issued and committed: P
+  // from registers (this warpgroup's tile) or from shared memory at `sp` (the other's).
+  // Two functions, not one with a branch: a wgmma under a runtime branch is serialized.
+  auto pv_fence = [&]() {
 #pragma unroll
     for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
     wg_fence();
+  };
+  auto issue_pv_regs = [&](const unsigned (&frag)[KS][4], int buf) {
+    const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
+    pv_fence();
 #pragma unroll
-    for (int kk = 0; kk < KS; ++kk) {
-      const unsigned long long dv = desc_sw128(vb + kk * (16 * 128), TBLK, 1024);
-      if (sp != 0) {
-        wg_ss256(o, desc_sw128(sp + kk * 32, 16, 1024), dv);
-      } else {
-        wg_rs256(o, frag[kk], dv);
-      }
-    }
+    for (int kk = 0; kk < KS; ++kk)
+      wg_rs256(o, frag[kk], desc_sw128(vb + kk * (16 * 128), TBLK, 1024));
+    wg_commit();
+  };
+  auto issue_pv_smem = [&](unsigned sp, int buf) {
+    const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
+    pv_fence();
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk)
+      wg_ss256(o, desc_sw128(sp + kk * 32, 16, 1024),
+               desc_sw128(vb + kk * (16 * 128), TBLK, 1024));
     wg_commit();
   };
   auto settle = [&](float (&s)[BN / 2]) {
@@ -426,7 +433,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       exp_p(s, m_use, frag, rs);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
-      issue_pv(frag, 0u, 0);
+      issue_pv_regs(frag, 0);
       wg_wait0();
       settle(s);
       // WG1 has the pair's max: tile 2i's channels 0-255 are free (S and this P V done).
@@ -448,7 +455,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       if (has1) {
         named_bar_sync(BAR_P1, NTHREADS);
         fence_proxy_async();
-        issue_pv(frag, sbase + OFF_P1, 1);
+        issue_pv_smem(sbase + OFF_P1, 1);
       }
       if (nxt0) issue_s(s, 0, npar, 0, VBW);
       if (nxt1) {
@@ -483,13 +490,13 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         store_p(sP1, frag);
         fence_proxy_async();
         named_bar_arrive(BAR_P1, NTHREADS);
-        issue_pv(frag, 0u, 1);
+        issue_pv_regs(frag, 1);
       }
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
       named_bar_sync(BAR_P0, NTHREADS);
       fence_proxy_async();
-      issue_pv(frag, sbase + OFF_P0, 0);
+      issue_pv_smem(sbase + OFF_P0, 0);
       if (nxt1) {
         wg_wait1();  // P V of tile 2i + 1 done: its channels 256-575 are free
         issue(t0 + 3, srcB);

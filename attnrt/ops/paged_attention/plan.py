@@ -173,7 +173,6 @@ class PagedPlan:
     #: Balanced split-KV (docs/notes/paged_attention.md#balanced-splits): the kernel picks each
     #: sequence's chunk count on the device, at most ``max_chunks``; else ``splits`` each.
     balanced: bool = False
-    wg_schedule: str = "serial"
     #: The grid's second dimension and the workspace's split stride.
     max_chunks: int = 1
     ws_cnt_offset: int = 0
