@@ -407,6 +407,7 @@ def test_wgmma_path_in_child_process(rt, schedule):
     import sys
 
     root = pathlib.Path(__file__).resolve().parent.parent
-    r = subprocess.run([sys.executable, "-c", f"from tests.test_paged_gpu import _wg_child; _wg_child({schedule!r})"],
+    body = f"from tests.test_paged_gpu import _wg_child; _wg_child({schedule!r})"
+    r = subprocess.run([sys.executable, "-c", body],
                        cwd=root, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"child exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
