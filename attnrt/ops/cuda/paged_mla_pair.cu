@@ -32,6 +32,10 @@
 #define PA_VHS 512
 #endif
 
+#ifndef PA_PAIR_PREFETCH
+#define PA_PAIR_PREFETCH 1  // L2 prefetch of the next pair's rows (lab switch)
+#endif
+
 #if PA_BF16
 typedef __nv_bfloat16 elem_t;
 #define NXRT_WG_AB "bf16.bf16"
@@ -194,6 +198,19 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
                      ok ? 16 : 0);
     }
     cp_async_mbar_arrive(bar(buf, sub));
+  };
+  // The rows of a tile into L2 ahead of their cp.async: each thread 144 of the 1152 bytes of
+  // its rows, so the copies a pair later hit L2 (the pair schedule frees a sub-tile only a
+  // few hundred ns before it is needed again).
+  auto prefetch_l2 = [&](const int (&src)[4]) {
+#if PA_PAIR_PREFETCH
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (src[k] >= 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], 144;\n" ::"l"(
+                         key_cache + (long long)src[k] * HS + ld_c * (HS / 8))
+                     : "memory");
+#endif
   };
   // This warpgroup's share of tile t (buffer t & 1).
   auto issue = [&](int t, const int (&src)[4]) {
@@ -434,11 +451,12 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
       issue_pv_regs(frag, 0);
+      if (nxt0) prefetch_l2(srcA);
       wg_wait0();
       settle(s);
-      // WG1 has the pair's max: tile 2i's channels 0-255 are free (S and this P V done).
-      named_bar_sync(BAR_SCALE1, NTHREADS);
+      // Tile 2i's channels 0-255 are free (its S and this P V are done).
       if (nxt0) issue(t0 + 2, srcA);
+      named_bar_sync(BAR_SCALE1, NTHREADS);
       const float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
       // P of tile 2i at the pair's max, for WG1's columns.
 #pragma unroll
@@ -484,6 +502,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         }
       }
       named_bar_arrive(BAR_SCALE1, NTHREADS);
+      if (nxt1) prefetch_l2(srcB);
       rescale(c[0], c[1]);
       if (has1) {
         exp_p(s, m_use, frag, rs);
