@@ -36,6 +36,18 @@
 #define PA_PAIR_PREFETCH 1  // L2 prefetch of the next pair's rows (lab switch)
 #endif
 
+#ifndef PA_PAIR_SFENCE
+#define PA_PAIR_SFENCE 1  // lab: proxy fence after each sub-tile wait of S
+#endif
+#ifndef PA_PAIR_TRACE
+#define PA_PAIR_TRACE 0  // lab: printf the SM clock at each step of pair 5 of CTA (0, 0)
+#endif
+#if PA_PAIR_TRACE
+#define PAIR_MARK(k) (tr[k] = clock64())
+#else
+#define PAIR_MARK(k) ((void)0)
+#endif
+
 #if PA_BF16
 typedef __nv_bfloat16 elem_t;
 #define NXRT_WG_AB "bf16.bf16"
@@ -303,7 +315,9 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     for (int sub = 0; sub < HB; ++sub) {
       if (sub < from || sub >= to) continue;
       mbar_wait(bar(buf, sub), par);
+#if PA_PAIR_SFENCE
       fence_proxy_async();
+#endif
       if (sub == from) wg_fence();
 #pragma unroll
       for (int kq = 0; kq < 4; ++kq) {
@@ -422,12 +436,16 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     settle(s);
   }
   const int n_pairs = (n_tiles + 1) >> 1;
+#if PA_PAIR_TRACE
+  long long tr[12] = {0}, keep[12] = {0};
+#endif
   for (int i = 0; i < n_pairs; ++i) {
     const int t0 = 2 * i;
     const bool has1 = t0 + 1 < n_tiles, nxt0 = t0 + 2 < n_tiles, nxt1 = t0 + 3 < n_tiles;
     const unsigned npar = (i + 1) & 1;  // phase of the buffers' next fill
     if (nxt0) lookup(t0 + 2, srcA);
     if (nxt1) lookup(t0 + 3, srcB);
+    PAIR_MARK(0);
     if (wg == 0) {
       // Tile 2i: raise the row max, publish it with the rescale of everything before.
       float mx[2], m_use[2], c[2], rs[2];
@@ -446,6 +464,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         }
       }
       named_bar_arrive(BAR_SCALE0, NTHREADS);
+      PAIR_MARK(1);
       rescale(c[0], c[1]);
       exp_p(s, m_use, frag, rs);
 #pragma unroll
@@ -454,9 +473,12 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       if (nxt0) prefetch_l2(srcA);
       wg_wait0();
       settle(s);
+      PAIR_MARK(2);
       // Tile 2i's channels 0-255 are free (its S and this P V are done).
       if (nxt0) issue(t0 + 2, srcA);
+      PAIR_MARK(3);
       named_bar_sync(BAR_SCALE1, NTHREADS);
+      PAIR_MARK(4);
       const float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
       // P of tile 2i at the pair's max, for WG1's columns.
 #pragma unroll
@@ -467,25 +489,33 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       store_p(sP0, frag);
       fence_proxy_async();
       named_bar_arrive(BAR_P0, NTHREADS);
+      PAIR_MARK(5);
       rescale(c0, c1);
       l_run[0] *= c0;
       l_run[1] *= c1;
       if (has1) {
         named_bar_sync(BAR_P1, NTHREADS);
+        PAIR_MARK(6);
         fence_proxy_async();
         issue_pv_smem(sbase + OFF_P1, 1);
       }
       if (nxt0) issue_s(s, 0, npar, 0, VBW);
+      PAIR_MARK(7);
       if (nxt1) {
         wg_wait1();  // P V of tile 2i + 1 done: its channels 0-255 are free
+        PAIR_MARK(8);
         issue(t0 + 3, srcB);
       }
+      PAIR_MARK(9);
       if (nxt0) issue_s(s, 0, npar, VBW, HB);
+      PAIR_MARK(10);
       wg_wait0();
       settle(s);
+      PAIR_MARK(11);
     } else {
       // Tile 2i + 1: raise the max WG0 published, rescale to it.
       named_bar_sync(BAR_SCALE0, NTHREADS);
+      PAIR_MARK(1);
       float mx[2] = {PA_NEG_INF, PA_NEG_INF}, m_use[2], c[2], rs[2] = {0.0f, 0.0f};
       if (has1) mask_s(s, t0 + 1, mx);
 #pragma unroll
@@ -502,6 +532,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         }
       }
       named_bar_arrive(BAR_SCALE1, NTHREADS);
+      PAIR_MARK(2);
       if (nxt1) prefetch_l2(srcB);
       rescale(c[0], c[1]);
       if (has1) {
@@ -511,25 +542,46 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         named_bar_arrive(BAR_P1, NTHREADS);
         issue_pv_regs(frag, 1);
       }
+      PAIR_MARK(3);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
       named_bar_sync(BAR_P0, NTHREADS);
+      PAIR_MARK(4);
       fence_proxy_async();
       issue_pv_smem(sbase + OFF_P0, 0);
+      PAIR_MARK(5);
       if (nxt1) {
         wg_wait1();  // P V of tile 2i + 1 done: its channels 256-575 are free
+        PAIR_MARK(6);
         issue(t0 + 3, srcB);
       }
+      PAIR_MARK(7);
       wg_wait0();  // P V of tile 2i done: its channels 256-575 (and its P) are free
+      PAIR_MARK(8);
       if (nxt0) issue(t0 + 2, srcA);
+      PAIR_MARK(9);
       if (nxt1) {
         issue_s(s, 1, npar, 0, HB);
+        PAIR_MARK(10);
         wg_wait0();
       }
       settle(s);
+      PAIR_MARK(11);
     }
+#if PA_PAIR_TRACE
+    if (i == n_pairs - 3)
+#pragma unroll
+      for (int k = 0; k < 12; ++k) keep[k] = tr[k];
+#endif
   }
 
+#if PA_PAIR_TRACE
+  if (n_pairs >= 3 && blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 0)
+    printf("TRACE wg%d %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n", wg,
+           keep[1] - keep[0], keep[2] - keep[0], keep[3] - keep[0], keep[4] - keep[0],
+           keep[5] - keep[0], keep[6] - keep[0], keep[7] - keep[0], keep[8] - keep[0],
+           keep[9] - keep[0], keep[10] - keep[0], keep[11] - keep[0]);
+#endif
   // ---- Epilogue: the row sums of both warpgroups (at the final max), then O / l.
   __syncthreads();  // every P V is done: P1's buffer holds the row sums now
   float* sL = reinterpret_cast<float*>(sP1);
