@@ -12,7 +12,8 @@ from cuda.bindings import driver, nvrtc
 from .errors import CudaError
 
 __all__ = ["check", "check_nvrtc", "succeeded", "value_or_none", "failed_with", "driver", "nvrtc",
-           "load_driver", "driver_missing_reason", "driver_version", "fast_driver", "FastDriver"]
+           "load_driver", "driver_missing_reason", "driver_version", "fast_driver", "FastDriver",
+           "tensor_map_2d"]
 
 _SUCCESS = driver.CUresult.CUDA_SUCCESS
 _NVRTC_SUCCESS = nvrtc.nvrtcResult.NVRTC_SUCCESS
@@ -227,3 +228,22 @@ def fast_driver() -> FastDriver:
         load_driver()
         _fast.append(FastDriver())
     return _fast[0]
+
+
+def tensor_map_2d(address: int, bf16: bool, inner: int, rows: int, row_bytes: int,
+                  box: tuple[int, int]) -> bytes:
+    """The 128-byte ``CUtensorMap`` of a row-major ``[rows, inner]`` 16-bit tensor for TMA
+    loads of ``box = (inner elements, rows)`` boxes in the 128-byte swizzle; elements outside
+    the tensor read as zero. For a kernel's ``__grid_constant__`` parameter (pass the bytes)."""
+    import ctypes
+
+    t, u32, u64 = driver.CUtensorMapDataType, driver.cuuint32_t, driver.cuuint64_t
+    tmap = check(driver.cuTensorMapEncodeTiled(
+        t.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if bf16 else t.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+        address, [u64(inner), u64(rows)], [u64(row_bytes)], [u32(b) for b in box],
+        [u32(1), u32(1)],
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
+    return ctypes.string_at(tmap.getPtr(), 128)

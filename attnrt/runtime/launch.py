@@ -222,6 +222,8 @@ class Function:
                 code = "Q"  # plain int: a device pointer
             elif isinstance(arg, np.generic) and type(arg) in _CODES:
                 code = _CODES[type(arg)]
+            elif isinstance(arg, bytes):
+                code = f"{len(arg)}s"  # an opaque by-value struct (a CUtensorMap), same size
             else:
                 raise TypeError(f"{self} argument {i}: {type(arg).__name__} is not a kernel "
                                 "argument; pass device pointers as int and scalars as numpy "

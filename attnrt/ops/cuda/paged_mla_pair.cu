@@ -15,11 +15,18 @@
 // Shared memory: Q (64 x 576), two tile buffers (64 x 576 each) and the P of buffer 1, all
 // in the wgmma 128-byte swizzle (64-channel sub-tiles of [rows][128 bytes], 16-byte chunk c
 // of row r at chunk c ^ (r & 7), 1024-byte aligned). The P of buffer 0 lives in buffer 0's
-// last (rotary) sub-tile, which only S reads. Each 64-channel sub-tile of a buffer has an
-// mbarrier that cp.async completes (cp.async.mbarrier.arrive); a sub-tile is refilled with
-// the tile two ahead as soon as its last reader is done: channels 0-255 by WG0 after its
-// P V of the tile, channels 256-575 by WG1 after its own. S of the next tile waits on the
-// sub-tiles one by one, so its MMAs start while the rest of the tile is still landing.
+// last (rotary) sub-tile, which only S reads. Each 64-channel sub-tile of a buffer is one
+// TMA box (64 keys x 64 channels of one page, the swizzle applied by the copy) with its own
+// mbarrier; a sub-tile is refilled with the tile two ahead as soon as its last reader is
+// done: channels 0-255 by WG0 after its P V of the tile, channels 256-575 by WG1 after its
+// own. S of the next tile waits on the sub-tiles one by one, so its MMAs start while the
+// rest of the tile is still landing. One thread per warpgroup issues the copies: with
+// cp.async the issuing warpgroup stalls ~0.6 us per half tile, on the critical path.
+//
+// Block sizes that are a multiple of 64 only (a tile is one box per sub-tile); kernel.py
+// takes paged_mla_wg.cu otherwise. A block id outside the cache reads as zeros (the box lies
+// past the tensor) and latches; rows of the last tile past the keys any row reads are
+// cleared before P V (the cache past a sequence may hold anything, and 0 * NaN is NaN).
 #include "paged_common.cuh"
 
 #ifndef PA_BF16
@@ -32,13 +39,7 @@
 #define PA_VHS 512
 #endif
 
-#ifndef PA_PAIR_PREFETCH
-#define PA_PAIR_PREFETCH 1  // L2 prefetch of the next pair's rows (lab switch)
-#endif
 
-#ifndef PA_PAIR_SFENCE
-#define PA_PAIR_SFENCE 1  // lab: proxy fence after each sub-tile wait of S
-#endif
 #ifndef PA_PAIR_TRACE
 #define PA_PAIR_TRACE 0  // lab: printf the SM clock at each step of pair 5 of CTA (0, 0)
 #endif
@@ -87,8 +88,7 @@ constexpr int OFF_P1 = OFF_K + 2 * T_BYTES;      // P of buffer 1; before the lo
 constexpr int OFF_MAX = OFF_P1 + M * 128;        // float[M] running row max (log2 domain)
 constexpr int OFF_SC0 = OFF_MAX + M * 4;         // float[M] WG0's rescale of the pair
 constexpr int OFF_SC1 = OFF_SC0 + M * 4;         // float[M] WG1's rescale of the pair
-constexpr int OFF_VALID = OFF_SC1 + M * 4;       // uchar[2][BN] key row resolved
-constexpr int OFF_BAR = OFF_VALID + 2 * BN;      // u64[2][HB] sub-tile mbarriers
+constexpr int OFF_BAR = OFF_SC1 + M * 4;         // u64[2][HB] sub-tile mbarriers
 constexpr int SMEM_USED = OFF_BAR + 2 * HB * 8;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
 static_assert(OFF_K % 1024 == 0 && OFF_P1 % 1024 == 0 && T_BYTES % 1024 == 0 &&
@@ -103,6 +103,27 @@ constexpr int BAR_P1 = 4;      // WG1 -> WG0: P of tile 2i + 1 in shared memory
 
 #include "wgmma.cuh"
 
+// A CUtensorMap (opaque, 128 bytes, 64-byte aligned), passed by value as a
+// __grid_constant__ parameter.
+struct __align__(64) TmaDesc {
+  unsigned long long v[16];
+};
+
+// One arrival that also expects `bytes` of TMA transactions in the current phase.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// TMA: the box at (x, y) of the tensor map into shared memory at dst, completing on bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int x, int y,
+                                            unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar)
+      : "memory");
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
@@ -115,7 +136,8 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
                    int block_size, int max_blocks, int rd, int off, int max_pos, int interleaved,
                    int do_rotary, float scale, float softcap, int window, int num_splits,
                    int* __restrict__ ws_cnt, int sms, float tile_us, float pro_us,
-                   float part_us, float comb_us, float comb_rate) {
+                   float part_us, float comb_us, float comb_rate,
+                   const __grid_constant__ TmaDesc kv_map) {
   typedef pa::Num<elem_t> N;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   if (pa::dynamic_smem_bytes() < (unsigned)SMEM_BYTES) return;
@@ -131,7 +153,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   float* sMax = reinterpret_cast<float*>(smem + OFF_MAX);
   float* sSc0 = reinterpret_cast<float*>(smem + OFF_SC0);
   float* sSc1 = reinterpret_cast<float*>(smem + OFF_SC1);
-  unsigned char* sValid = smem + OFF_VALID;
   auto bar = [&](int buf, int sub) { return sbase + OFF_BAR + 8u * (buf * HB + sub); };
 
   const int tid = threadIdx.x;
@@ -176,72 +197,40 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     my_out[hf] = sRowOut[16 * wq + g + 8 * hf];
   }
 
-  // ---- Loads. Each thread copies tile rows ld_r + 16 k (k < 4), 16-byte chunk ld_c of each
-  // 64-channel sub-tile its warpgroup loads, then arrives (cp.async completion) on that
-  // sub-tile's mbarrier: 128 arrivals a phase, plus, on sub-tile 0, WG0's 128 plain arrivals
-  // after it wrote the tile's key-valid bytes.
-  const int wt = tid & 127;
-  const int ld_r = wt >> 3, ld_c = wt & 7;
+  // ---- Loads: TMA boxes of kv_map (the cache as [rows, HS]), one mbarrier per sub-tile.
   const int* bt_row = block_table + (long long)b * max_blocks;
-  // Cache row of each of this thread's rows of tile t: >= 0 a row of the cache; -1 a key no
-  // row of this CTA reads (zero-filled); -2 a key whose block id is out of range
-  // (zero-filled, masked, latched).
-  auto lookup = [&](int t, int (&src)[4]) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int j = (tile_begin + t) * BN + ld_r + 16 * k;
-      int s = -1;
-      if (j >= key_lo && j <= key_hi) {
-        const int blk = j / block_size;
-        const int phys = blk < max_blocks ? bt_row[blk] : -1;
-        s = (phys >= 0 && phys < num_blocks) ? phys * block_size + (j & (block_size - 1)) : -2;
-      }
-      src[k] = s;
-    }
+  const int cache_rows = num_blocks * block_size;
+  // The cache row of tile t's first key (its page holds the whole tile), or -1 when the
+  // block id is out of range.
+  auto page_row = [&](int t) {
+    const int j = (tile_begin + t) * BN;
+    const int blk = j / block_size;
+    const int phys = blk < max_blocks ? __ldg(bt_row + blk) : -1;
+    return (phys >= 0 && phys < num_blocks) ? phys * block_size + (j & (block_size - 1)) : -1;
   };
-  auto load_sub = [&](int buf, int sub, const int (&src)[4]) {
-    const unsigned dst = sbase + OFF_K + buf * T_BYTES + sub * TBLK;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int r = ld_r + 16 * k;
-      const bool ok = src[k] >= 0;
-      pa::cp_async16(dst + r * 128 + ((ld_c ^ (r & 7)) << 4),
-                     ok ? key_cache + (long long)src[k] * HS + sub * 64 + ld_c * 8 : key_cache,
-                     ok ? 16 : 0);
-    }
-    cp_async_mbar_arrive(bar(buf, sub));
-  };
-  // The rows of a tile into L2 ahead of their cp.async: each thread 144 of the 1152 bytes of
-  // its rows, so the copies a pair later hit L2 (the pair schedule frees a sub-tile only a
-  // few hundred ns before it is needed again).
-  auto prefetch_l2 = [&](const int (&src)[4]) {
-#if PA_PAIR_PREFETCH
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (src[k] >= 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], 144;\n" ::"l"(
-                         key_cache + (long long)src[k] * HS + ld_c * (HS / 8))
-                     : "memory");
-#endif
-  };
-  // This warpgroup's share of tile t (buffer t & 1).
-  auto issue = [&](int t, const int (&src)[4]) {
+  // This warpgroup's sub-tiles of tile t (page row `row`) into buffer t & 1, by one thread.
+  auto issue = [&](int t, int row) {
+    if ((tid & 127) != 0) return;
     const int buf = t & 1;
-    if (wg == 0) {
-#pragma unroll
-      for (int sub = 0; sub < VBW; ++sub) load_sub(buf, sub, src);
-      if (ld_c == 0) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          sValid[buf * BN + ld_r + 16 * k] = src[k] >= 0 ? 1 : 0;
-          if (src[k] == -2) atomicOr(latch, PA_LATCH_BLOCK);
-        }
-      }
-      mbar_arrive(bar(buf, 0));
-    } else {
-#pragma unroll
-      for (int sub = VBW; sub < HB; ++sub) load_sub(buf, sub, src);
+    if (row < 0 && wg == 0) atomicOr(latch, PA_LATCH_BLOCK);
+    const int y = row >= 0 ? row : cache_rows;  // past the tensor: zeros
+    const unsigned dst = sbase + OFF_K + buf * T_BYTES;
+    for (int sub = wg == 0 ? 0 : VBW; sub < (wg == 0 ? VBW : HB); ++sub) {
+      mbar_expect_tx(bar(buf, sub), TBLK);
+      tma_load_2d(dst + sub * TBLK, &kv_map, sub * 64, y, bar(buf, sub));
     }
+  };
+  // Rows of tile t past the last key any row of this CTA reads, cleared in the value
+  // channels (by the warpgroup that ran S of the tile, so its loads have landed).
+  auto clear_tail = [&](int t) {
+    const int first = key_hi + 1 - (tile_begin + t) * BN;
+    if (first >= BN) return;
+    unsigned char* base = smem + OFF_K + (t & 1) * T_BYTES;
+    for (int idx = tid & 127; idx < (BN - first) * (VHS / 8); idx += 128) {
+      const int r = first + idx / (VHS / 8), c = idx % (VHS / 8);
+      *reinterpret_cast<uint4*>(base + sw_off(r, c, TBLK)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+    fence_proxy_async();
   };
 
   float o[VBW][32];
@@ -256,9 +245,9 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
 #pragma unroll
     for (int buf = 0; buf < 2; ++buf)
 #pragma unroll
-      for (int sub = 0; sub < HB; ++sub) mbar_init(bar(buf, sub), sub == 0 ? 256 : 128);
+      for (int sub = 0; sub < HB; ++sub) mbar_init(bar(buf, sub), 1);
   }
-  int srcA[4], srcB[4];
+  int row0 = 0, row1 = 0;  // page rows of the pair's tiles (then of the next pair's)
   if (n_tiles > 0) {
     // Q rows (zero for rows past the sequence) as one cp.async group.
     for (int idx = tid; idx < M * (HS / 8); idx += NTHREADS) {
@@ -269,18 +258,17 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
                      ok ? query + (long long)orow * HS + c * 8 : query, ok ? 16 : 0);
     }
     pa::cp_async_commit();
-    lookup(0, srcA);
-    if (n_tiles > 1) lookup(1, srcB);
+    row0 = page_row(0);
+    if (n_tiles > 1) row1 = page_row(1);
   }
   __syncthreads();  // mbarriers initialised, sMax set
   if (n_tiles > 0) {
     // Launched programmatically after the write kernel (kernel.py): everything above reads
     // only inputs that kernel does not write; the latent cache waits for it to complete.
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    issue(0, srcA);
-    if (n_tiles > 1) issue(1, srcB);
-    pa::cp_async_commit();
-    pa::cp_async_wait<1>();  // the Q group
+    issue(0, row0);
+    if (n_tiles > 1) issue(1, row1);
+    pa::cp_async_wait_all();  // Q
     fence_proxy_async();
     __syncthreads();
     if (do_rotary) {
@@ -315,9 +303,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     for (int sub = 0; sub < HB; ++sub) {
       if (sub < from || sub >= to) continue;
       mbar_wait(bar(buf, sub), par);
-#if PA_PAIR_SFENCE
-      fence_proxy_async();
-#endif
       if (sub == from) wg_fence();
 #pragma unroll
       for (int kq = 0; kq < 4; ++kq) {
@@ -328,10 +313,9 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     wg_commit();
   };
   // Scale, softcap and mask S of tile t (buffer t & 1) in place (log2 domain, -inf when
-  // masked); returns the row maxima of this thread's two rows over the tile.
-  auto mask_s = [&](float (&s)[BN / 2], int t, float (&mx)[2]) {
+  // masked, also every key of an out-of-range block); returns the row maxima of this thread's two rows over the tile.
+  auto mask_s = [&](float (&s)[BN / 2], int t, bool page_ok, float (&mx)[2]) {
     const int key0 = (tile_begin + t) * BN;
-    const unsigned char* valid = sValid + (t & 1) * BN;
     mx[0] = mx[1] = PA_NEG_INF;
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
@@ -340,7 +324,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         const int hf = e >> 1;
         const int kl = 8 * j + 2 * tq + (e & 1);
         const int jj = key0 + kl;
-        const bool ok = valid[kl] && jj >= my_lo[hf] && jj <= my_p[hf];
+        const bool ok = page_ok && jj >= my_lo[hf] && jj <= my_p[hf];
         float v = softcap > 0.0f ? softcap * tanhf(s[4 * j + e] * scale / softcap) * PA_LOG2E
                                  : s[4 * j + e] * sl2;
         v = ok ? v : PA_NEG_INF;
@@ -443,13 +427,15 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     const int t0 = 2 * i;
     const bool has1 = t0 + 1 < n_tiles, nxt0 = t0 + 2 < n_tiles, nxt1 = t0 + 3 < n_tiles;
     const unsigned npar = (i + 1) & 1;  // phase of the buffers' next fill
-    if (nxt0) lookup(t0 + 2, srcA);
-    if (nxt1) lookup(t0 + 3, srcB);
+    const bool ok0 = row0 >= 0, ok1 = row1 >= 0;
+    if (nxt0) row0 = page_row(t0 + 2);
+    if (nxt1) row1 = page_row(t0 + 3);
     PAIR_MARK(0);
     if (wg == 0) {
       // Tile 2i: raise the row max, publish it with the rescale of everything before.
       float mx[2], m_use[2], c[2], rs[2];
-      mask_s(s, t0, mx);
+      clear_tail(t0);
+      mask_s(s, t0, ok0, mx);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const float old = sMax[r0 + 8 * hf];
@@ -470,12 +456,11 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
       issue_pv_regs(frag, 0);
-      if (nxt0) prefetch_l2(srcA);
       wg_wait0();
       settle(s);
       PAIR_MARK(2);
       // Tile 2i's channels 0-255 are free (its S and this P V are done).
-      if (nxt0) issue(t0 + 2, srcA);
+      if (nxt0) issue(t0 + 2, row0);
       PAIR_MARK(3);
       named_bar_sync(BAR_SCALE1, NTHREADS);
       PAIR_MARK(4);
@@ -504,7 +489,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       if (nxt1) {
         wg_wait1();  // P V of tile 2i + 1 done: its channels 0-255 are free
         PAIR_MARK(8);
-        issue(t0 + 3, srcB);
+        issue(t0 + 3, row1);
       }
       PAIR_MARK(9);
       if (nxt0) issue_s(s, 0, npar, VBW, HB);
@@ -514,10 +499,11 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       PAIR_MARK(11);
     } else {
       // Tile 2i + 1: raise the max WG0 published, rescale to it.
+      if (has1) clear_tail(t0 + 1);
       named_bar_sync(BAR_SCALE0, NTHREADS);
       PAIR_MARK(1);
       float mx[2] = {PA_NEG_INF, PA_NEG_INF}, m_use[2], c[2], rs[2] = {0.0f, 0.0f};
-      if (has1) mask_s(s, t0 + 1, mx);
+      if (has1) mask_s(s, t0 + 1, ok1, mx);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
         const float old = sMax[r0 + 8 * hf];
@@ -533,7 +519,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       }
       named_bar_arrive(BAR_SCALE1, NTHREADS);
       PAIR_MARK(2);
-      if (nxt1) prefetch_l2(srcB);
       rescale(c[0], c[1]);
       if (has1) {
         exp_p(s, m_use, frag, rs);
@@ -553,12 +538,12 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       if (nxt1) {
         wg_wait1();  // P V of tile 2i + 1 done: its channels 256-575 are free
         PAIR_MARK(6);
-        issue(t0 + 3, srcB);
+        issue(t0 + 3, row1);
       }
       PAIR_MARK(7);
       wg_wait0();  // P V of tile 2i done: its channels 256-575 (and its P) are free
       PAIR_MARK(8);
-      if (nxt0) issue(t0 + 2, srcA);
+      if (nxt0) issue(t0 + 2, row0);
       PAIR_MARK(9);
       if (nxt1) {
         issue_s(s, 1, npar, 0, HB);

@@ -92,8 +92,8 @@ def mla_pair_smem_bytes(head_size: int = 576) -> int:
 
     Q and two 64-key tile buffers in 1024-byte-aligned swizzle atoms, the P of the second
     buffer (the first's lives in its rotary sub-tile), the row max and two rescale vectors,
-    the key-valid bytes, one mbarrier per 64-channel sub-tile of each buffer, plus 1 KiB of
-    slack to align the base.
+    one mbarrier per 64-channel sub-tile of each buffer, plus 1 KiB of slack to align the
+    base.
 
     Parameters
     ----------
@@ -108,7 +108,7 @@ def mla_pair_smem_bytes(head_size: int = 576) -> int:
     q = MLA_ROWS * head_size * 2
     kv = 2 * WG_BLOCK_N * head_size * 2
     p = MLA_ROWS * WG_BLOCK_N * 2
-    rows = 3 * MLA_ROWS * 4 + 2 * WG_BLOCK_N + 2 * (head_size // 64) * 8
+    rows = 3 * MLA_ROWS * 4 + 2 * (head_size // 64) * 8
     return q + kv + p + rows + 1024
 
 

@@ -140,6 +140,7 @@ class PagedAttentionKernel:
         self._warmed: set[tuple] = set()
         self._last_ok = False
         self._fns: dict[tuple, Any] = {}
+        self._maps: dict[tuple, bytes] = {}
         # Phases _launch runs; tools/sweep_paged.py times them one at a time (never in the op).
         self._phases: frozenset[str] = _ALL_PHASES
         if rt is not None:
@@ -316,7 +317,9 @@ class PagedAttentionKernel:
             args = [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o, ws_lse,
                     latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.max_chunks)]
             if p.path == "wg":
-                sched = self.config.wg_schedule
+                # The pair kernel loads whole 64-key pages by TMA: block sizes multiple of 64.
+                sched = "pair" if self.config.wg_schedule == "pair" and g.block_size % 64 == 0 \
+                    else "serial"
                 variant = builds.wg_variant(g.dtype, schedule=sched)
                 fn = self._fn(variant, variant.entries[0])
                 smem = (builds.mla_pair_smem_bytes(g.head_size) if sched == "pair"
@@ -326,6 +329,8 @@ class PagedAttentionKernel:
                 args += [ws_cnt, i32(self._caps().sm_count), f32(c.tile_us), f32(c.prologue_us),
                          f32(c.partial_us), f32(cfg.combine_launch_us),
                          f32(cfg.combine_bytes_per_us)]
+                if sched == "pair":
+                    args.append(self._kv_map(kc.ptr, g))
             else:
                 fn, smem = self._fn(mla, "paged_mla_fwd"), builds.mla_smem_bytes(p.block_n, g.head_size)
             todo.append((fn, (p.grid_x, p.max_chunks, 1), (builds.MLA_THREADS, 1, 1), args, smem,
@@ -336,6 +341,19 @@ class PagedAttentionKernel:
                          (builds.COMBINE_THREADS, 1, 1),
                          [ws_o, ws_lse, out.ptr, i32(rows), i32(p.max_chunks), ws_cnt], 0, pdl))
         return self._checked(todo)
+
+    def _kv_map(self, ptr: int, g: PagedGeometry) -> bytes:
+        """The latent cache as a TMA tensor map ([blocks * block_size, head_size], 64 x 64
+        boxes), encoded once per cache pointer and shape."""
+        key = (ptr, g.num_blocks, g.block_size, g.head_size, g.dtype)
+        m = self._maps.get(key)
+        if m is None:
+            if len(self._maps) > 16:
+                self._maps.clear()
+            m = self._maps[key] = self.rt.tensor_map_2d(
+                ptr, g.dtype, (g.num_blocks * g.block_size, g.head_size), g.head_size * 2,
+                (64, builds.WG_BLOCK_N))
+        return m
 
     def _checked(self, todo: list[tuple]) -> list[tuple]:
         optin = self._caps().max_shared_per_block_optin

@@ -109,8 +109,9 @@ class PagedAttentionConfig:
         the equal-length rows). ``False``: the model's count for every sequence.
     wg_schedule
         One of :data:`WG_SCHEDULES`: which kernel runs the wgmma path
-        (``docs/notes/paged_attention.md#pair-kernel``). Both take the same grid, splits and
-        workspace.
+        (``docs/notes/paged_attention.md#pair-kernel``). ``pair`` applies to block sizes
+        that are a multiple of 64 (it loads whole pages by TMA); other block sizes run
+        ``serial``. Both take the same grid, splits and workspace.
 
     Raises
     ------
