@@ -99,7 +99,9 @@ static_assert(OFF_K % 1024 == 0 && OFF_P1 % 1024 == 0 && T_BYTES % 1024 == 0 &&
 constexpr int BAR_SCALE0 = 1;  // WG0 -> WG1: row max and rescale of tile 2i published
 constexpr int BAR_SCALE1 = 2;  // WG1 -> WG0: row max and rescale of tile 2i + 1 published
 constexpr int BAR_P0 = 3;      // WG0 -> WG1: P of tile 2i (at the pair's max) in shared memory
-constexpr int BAR_P1 = 4;      // WG1 -> WG0: P of tile 2i + 1 in shared memory
+constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P of 2i + 1
+                               // in shared memory): that P V frees channels 256-575 of
+                               // tile 2i, which S of tile 2i + 2 needs, so it goes first
 
 #include "wgmma.cuh"
 
@@ -293,21 +295,23 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   }
 
   const float sl2 = scale * PA_LOG2E;
-  // S (64 x BN) of the tile in buffer `buf` over sub-tiles [from, to), waiting on each
-  // sub-tile's mbarrier (phase parity `par`) just before its MMAs; from == 0 overwrites s.
-  // Issued and committed as one wgmma group.
-  auto issue_s = [&](float (&s)[BN / 2], int buf, unsigned par, int from, int to) {
+  // S (64 x BN) of the tile in buffer `buf` over sub-tiles (k + rot) % HB for k in
+  // [from, to), waiting on each sub-tile's mbarrier (phase parity `par`) just before its
+  // MMAs; k == 0 overwrites s. Issued and committed as one wgmma group. WG1 starts at its
+  // own sub-tiles (rot = VBW): they were refilled before WG0's.
+  auto issue_s = [&](float (&s)[BN / 2], int buf, unsigned par, int from, int to, int rot) {
     const unsigned kb = sbase + OFF_K + buf * T_BYTES;
     fence_regs(s);
 #pragma unroll
-    for (int sub = 0; sub < HB; ++sub) {
-      if (sub < from || sub >= to) continue;
+    for (int k = 0; k < HB; ++k) {
+      if (k < from || k >= to) continue;
+      const int sub = (k + rot) % HB;
       mbar_wait(bar(buf, sub), par);
-      if (sub == from) wg_fence();
+      if (k == from) wg_fence();
 #pragma unroll
       for (int kq = 0; kq < 4; ++kq) {
         wg_ss(s, desc_sw128(sbase + sub * QBLK + kq * 32, 16, 1024),
-              desc_sw128(kb + sub * TBLK + kq * 32, 16, 1024), (sub > 0 || kq > 0) ? 1 : 0);
+              desc_sw128(kb + sub * TBLK + kq * 32, 16, 1024), (k > 0 || kq > 0) ? 1 : 0);
       }
     }
     wg_commit();
@@ -411,10 +415,10 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   unsigned frag[KS][4];
   if (n_tiles > 0) {
     if (wg == 0) {
-      issue_s(s, 0, 0, 0, HB);
+      issue_s(s, 0, 0, 0, HB, 0);
       wg_wait0();
     } else if (n_tiles > 1) {
-      issue_s(s, 1, 0, 0, HB);
+      issue_s(s, 1, 0, 0, HB, VBW);
       wg_wait0();
     }
     settle(s);
@@ -479,12 +483,12 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       l_run[0] *= c0;
       l_run[1] *= c1;
       if (has1) {
-        named_bar_sync(BAR_P1, NTHREADS);
+        named_bar_sync(BAR_PV0, NTHREADS);
         PAIR_MARK(6);
         fence_proxy_async();
         issue_pv_smem(sbase + OFF_P1, 1);
       }
-      if (nxt0) issue_s(s, 0, npar, 0, VBW);
+      if (nxt0) issue_s(s, 0, npar, 0, VBW, 0);
       PAIR_MARK(7);
       if (nxt1) {
         wg_wait1();  // P V of tile 2i + 1 done: its channels 0-255 are free
@@ -492,7 +496,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         issue(t0 + 3, row1);
       }
       PAIR_MARK(9);
-      if (nxt0) issue_s(s, 0, npar, VBW, HB);
+      if (nxt0) issue_s(s, 0, npar, VBW, HB, 0);
       PAIR_MARK(10);
       wg_wait0();
       settle(s);
@@ -524,7 +528,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         exp_p(s, m_use, frag, rs);
         store_p(sP1, frag);
         fence_proxy_async();
-        named_bar_arrive(BAR_P1, NTHREADS);
         issue_pv_regs(frag, 1);
       }
       PAIR_MARK(3);
@@ -534,6 +537,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       PAIR_MARK(4);
       fence_proxy_async();
       issue_pv_smem(sbase + OFF_P0, 0);
+      if (has1) named_bar_arrive(BAR_PV0, NTHREADS);
       PAIR_MARK(5);
       if (nxt1) {
         wg_wait1();  // P V of tile 2i + 1 done: its channels 256-575 are free
@@ -546,7 +550,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       if (nxt0) issue(t0 + 2, row0);
       PAIR_MARK(9);
       if (nxt1) {
-        issue_s(s, 1, npar, 0, HB);
+        issue_s(s, 1, npar, 0, HB, VBW);
         PAIR_MARK(10);
         wg_wait0();
       }
