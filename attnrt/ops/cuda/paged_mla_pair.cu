@@ -41,10 +41,12 @@
 
 
 #ifndef PA_PAIR_TRACE
-#define PA_PAIR_TRACE 0  // lab: printf the SM clock at each step of pair 5 of CTA (0, 0)
+// Lab only (lab/paged_pair_trace.py): the SM clock at each step of the third-last pair of
+// CTA (0, 0), written over the first bytes of the output.
+#define PA_PAIR_TRACE 0
 #endif
 #if PA_PAIR_TRACE
-#define PAIR_MARK(k) (tr[k] = clock64())
+#define PAIR_MARK(k) (keep[k] = trace_now ? (unsigned)clock() : keep[k])
 #else
 #define PAIR_MARK(k) ((void)0)
 #endif
@@ -425,9 +427,12 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   }
   const int n_pairs = (n_tiles + 1) >> 1;
 #if PA_PAIR_TRACE
-  long long tr[12] = {0}, keep[12] = {0};
+  unsigned keep[12] = {0};
 #endif
   for (int i = 0; i < n_pairs; ++i) {
+#if PA_PAIR_TRACE
+    const bool trace_now = i == n_pairs - 3;
+#endif
     const int t0 = 2 * i;
     const bool has1 = t0 + 1 < n_tiles, nxt0 = t0 + 2 < n_tiles, nxt1 = t0 + 3 < n_tiles;
     const unsigned npar = (i + 1) & 1;  // phase of the buffers' next fill
@@ -557,20 +562,8 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       settle(s);
       PAIR_MARK(11);
     }
-#if PA_PAIR_TRACE
-    if (i == n_pairs - 3)
-#pragma unroll
-      for (int k = 0; k < 12; ++k) keep[k] = tr[k];
-#endif
   }
 
-#if PA_PAIR_TRACE
-  if (n_pairs >= 3 && blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 0)
-    printf("TRACE wg%d %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld\n", wg,
-           keep[1] - keep[0], keep[2] - keep[0], keep[3] - keep[0], keep[4] - keep[0],
-           keep[5] - keep[0], keep[6] - keep[0], keep[7] - keep[0], keep[8] - keep[0],
-           keep[9] - keep[0], keep[10] - keep[0], keep[11] - keep[0]);
-#endif
   // ---- Epilogue: the row sums of both warpgroups (at the final max), then O / l.
   __syncthreads();  // every P V is done: P1's buffer holds the row sums now
   float* sL = reinterpret_cast<float*>(sP1);
@@ -615,4 +608,9 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
               make_float2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
     }
   }
+#if PA_PAIR_TRACE
+  if (blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 0)
+#pragma unroll
+    for (int k = 0; k < 12; ++k) reinterpret_cast<unsigned*>(out)[16 * wg + k] = keep[k];
+#endif
 }
