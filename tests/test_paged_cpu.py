@@ -19,6 +19,7 @@ import pytest
 from attnrt.ops import _common, factory_class, reference
 from attnrt.ops import paged_attention as pa
 from attnrt.ops.paged_attention import PagedAttentionConfig, PagedAttentionFactory, PagedAttentionKernel
+from attnrt.ops.paged_attention import plan as pplan
 from attnrt.ops.paged_attention import schema as ps
 from attnrt.runtime import compiler
 from attnrt.runtime.api import DataType, Node, TensorMetadata, WorkspaceRequirement
@@ -584,3 +585,39 @@ def test_every_variant_compiles_for_sm80_and_sm90():
         assert r.cubin.startswith(b"\x7fELF"), (v, arch)
         for e in v.entries:
             assert f".entry {e}(".encode() in r.ptx, (v.file, e)
+
+
+def _meta_case(B: int, L: int, H: int = 16, bs: int = 64):
+    """Shapes only (no data): B decode sequences of L keys, the latent widths."""
+    c = SimpleNamespace(node=make_node(H, vhs=512, scale=0.1, rope="half", offset=512))
+    nb = B * -(-L // bs) + 1
+    shapes = {0: (B, H * 576), 1: (B, 576), 3: (nb, bs, 1, 576), 5: (B + 1,), 6: (B,),
+              7: (B, -(-L // bs)), 8: (L + 4, 32), 9: (L + 4, 32), 10: (B,)}
+    dtypes = {5: np.int32, 6: np.int32, 7: np.int32, 10: np.int32}
+    c.metas = [TensorMetadata(DataType.from_numpy(np.dtype(dtypes.get(i, ml_dtypes.bfloat16))),
+                              shapes[i]) if i in shapes else None for i in range(11)]
+    return c
+
+
+@pytest.mark.parametrize("B, L, bs, schedule, want", [
+    (128, 8192, 64, "auto", "pair"),     # one split of 128 tiles
+    (1, 8192, 64, "auto", "serial"),     # 64 splits of 2 tiles
+    (8, 8192, 64, "auto", "serial"),     # short splits: the pipeline fill dominates
+    (128, 8192, 32, "auto", "serial"),   # pages of 32 keys: no whole-page TMA box
+    (1, 8192, 64, "pair", "pair"),       # forced
+    (1, 8192, 16, "pair", "serial"),     # forced, but the block size rules it out
+    (128, 8192, 128, "serial", "serial"),
+])
+def test_wg_schedule_rule(B, L, bs, schedule, want):
+    c = _meta_case(B, L, bs=bs)
+    cfg = PagedAttentionConfig(path="wg", wg_schedule=schedule)
+    kernel = PagedAttentionFactory(None, config=cfg).create(c.node)
+    geo = kernel.validate(c.metas)
+    plan = kernel.plan(c.metas)
+    assert plan.path == "wg"
+    assert pplan.wg_schedule(geo, plan, cfg) == want, (plan.splits, geo.max_blocks)
+
+
+def test_wg_schedule_knob_is_validated():
+    with pytest.raises(ValueError, match="wg_schedule"):
+        PagedAttentionConfig(wg_schedule="fast")

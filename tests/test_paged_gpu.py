@@ -31,7 +31,7 @@ class Bound:
     """A case's inputs on the device, a poisoned output, and the kernel."""
 
     def __init__(self, rt, c, *, path="auto", num_splits=None, meta=None, cache_out=False,
-                 workspace=True, programmatic=True, balanced=False, wg_schedule="serial"):
+                 workspace=True, programmatic=True, balanced=False, wg_schedule="auto"):
         self.rt, self.c, self.meta = rt, c, meta
         cfg = PagedAttentionConfig(path=path, num_splits=num_splits, programmatic=programmatic,
                                    balanced=balanced, wg_schedule=wg_schedule)

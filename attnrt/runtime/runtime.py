@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import compiler, memory
-from ._check import check, driver, fast_driver, tensor_map_2d, value_or_none
+from ._check import check, driver, fast_driver, value_or_none
 from .cache import CompileCache, default_cache
 from .device import Capabilities, Device
 from .errors import CaptureError
@@ -437,45 +437,6 @@ class CudaRuntime:
         self._began_capture = False
         raw = check(driver.cuStreamEndCapture(self.stream.handle), "cuStreamEndCapture")
         g._adopt(raw)
-
-    def tensor_map_2d(self, address: int, dtype: Any, shape: tuple[int, int], row_bytes: int,
-                      box: tuple[int, int]) -> bytes:
-        """A TMA descriptor (``CUtensorMap``) for a kernel's ``__grid_constant__`` parameter.
-
-        Describes the row-major 16-bit tensor ``shape = (rows, inner)`` at device ``address``
-        (16-byte aligned; ``row_bytes`` apart, a multiple of 16), loaded in boxes of
-        ``box = (inner elements, rows)`` with the 128-byte swizzle; elements outside the tensor
-        read as zero. Pass the returned 128 bytes as the launch argument.
-
-        Parameters
-        ----------
-        address
-            Device pointer of element (0, 0).
-        dtype
-            ``DataType.BFLOAT16`` or ``DataType.FLOAT16``.
-        shape
-            ``(rows, inner)``.
-        row_bytes
-            Bytes from one row to the next.
-        box
-            ``(inner elements, rows)`` of one copy.
-
-        Returns
-        -------
-        bytes
-            The 128-byte descriptor.
-
-        Raises
-        ------
-        CudaError
-            The driver refused the description (alignment, sizes, compute capability < 9.0).
-        """
-        from .api import DataType
-
-        bf16 = dtype == DataType.BFLOAT16
-        if not bf16 and dtype != DataType.FLOAT16:
-            raise ValueError(f"tensor_map_2d: a 16-bit float dtype, got {dtype!r}")
-        return tensor_map_2d(address, bf16, shape[1], shape[0], row_bytes, box)
 
     # -- latch --------------------------------------------------------------------------
     def capture_error_ptr(self) -> int:

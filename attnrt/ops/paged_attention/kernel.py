@@ -23,6 +23,7 @@ from attnrt.runtime.api import (
     WorkspaceView,
 )
 from attnrt.runtime.errors import Unsupported, WorkspaceError
+from attnrt.runtime.tma import tensor_map_2d
 
 from .._common import Variant, check_workspace, expect, get_function
 from .._validate import check_workspace_view
@@ -35,6 +36,7 @@ from .plan import (
     PagedPlan,
     plan_launch,
     unsplit,
+    wg_schedule,
 )
 from .schema import (
     IN_ATTENTION_METADATA,
@@ -317,9 +319,7 @@ class PagedAttentionKernel:
             args = [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o, ws_lse,
                     latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.max_chunks)]
             if p.path == "wg":
-                # The pair kernel loads whole 64-key pages by TMA: block sizes multiple of 64.
-                sched = "pair" if self.config.wg_schedule == "pair" and g.block_size % 64 == 0 \
-                    else "serial"
+                sched = wg_schedule(g, p, self.config)
                 variant = builds.wg_variant(g.dtype, schedule=sched)
                 fn = self._fn(variant, variant.entries[0])
                 smem = (builds.mla_pair_smem_bytes(g.head_size) if sched == "pair"
@@ -350,7 +350,7 @@ class PagedAttentionKernel:
         if m is None:
             if len(self._maps) > 16:
                 self._maps.clear()
-            m = self._maps[key] = self.rt.tensor_map_2d(
+            m = self._maps[key] = tensor_map_2d(
                 ptr, g.dtype, (g.num_blocks * g.block_size, g.head_size), g.head_size * 2,
                 (64, builds.WG_BLOCK_N))
         return m

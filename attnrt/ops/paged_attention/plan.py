@@ -31,14 +31,17 @@ from .schema import OP, PagedGeometry
 
 __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan", "DeviceFacts",
            "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout",
-           "counts_offset", "balanced_chunks", "BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH"]
+           "counts_offset", "balanced_chunks", "BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH",
+           "WG_SCHEDULES", "PAIR_MIN_TILES", "wg_schedule"]
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
 PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
-#: Schedules of the wgmma path: ``serial`` (one warpgroup's S and softmax, then both P V,
-#: ``cuda/paged_mla_wg.cu``) or ``pair`` (the warpgroups alternate tiles,
-#: ``cuda/paged_mla_pair.cu``).
-WG_SCHEDULES = ("serial", "pair")
+#: wgmma kernels: ``auto`` (:func:`wg_schedule`), ``serial`` (``cuda/paged_mla_wg.cu``) or
+#: ``pair`` (the warpgroups alternate tiles, ``cuda/paged_mla_pair.cu``).
+WG_SCHEDULES = ("auto", "serial", "pair")
+#: Fewest 64-key tiles per split for which ``auto`` takes the pair kernel (its pipeline fill
+#: costs short chunks more than it saves): docs/notes/paged_attention.md#pair-kernel
+PAIR_MIN_TILES = 24
 WS_ALIGN = 256
 
 
@@ -109,7 +112,8 @@ class PagedAttentionConfig:
         the equal-length rows). ``False``: the model's count for every sequence.
     wg_schedule
         One of :data:`WG_SCHEDULES`: which kernel runs the wgmma path
-        (``docs/notes/paged_attention.md#pair-kernel``). ``pair`` applies to block sizes
+        (``docs/notes/paged_attention.md#pair-kernel``): ``auto`` takes the pair kernel for
+        splits of at least :data:`PAIR_MIN_TILES` tiles. ``pair`` applies to block sizes
         that are a multiple of 64 (it loads whole pages by TMA); other block sizes run
         ``serial``. Both take the same grid, splits and workspace.
 
@@ -130,7 +134,7 @@ class PagedAttentionConfig:
     combine_bytes_per_us: float = 3.0e6
     programmatic: bool = True
     balanced: bool = False
-    wg_schedule: str = "serial"
+    wg_schedule: str = "auto"
 
     def __post_init__(self) -> None:
         # Integer knobs are checked (and numpy integers converted) here, so that a bad value
@@ -422,3 +426,21 @@ def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta:
     # docs/notes/paged_attention.md#busy-row-blocks
     busy = min(row_blocks, g.tokens * -(-g.heads // MLA_ROWS))
     return choose_splits(busy, *args, path=path, config=config, lo=grid_pick)
+
+
+def wg_schedule(g: PagedGeometry, plan: PagedPlan, config: PagedAttentionConfig) -> str:
+    """The kernel of a ``wg`` plan, ``"pair"`` or ``"serial"``: ``pair`` needs block sizes
+    that are a multiple of 64 (whole 64-key pages by TMA); ``auto`` takes it when the longest
+    sequence's split holds at least :data:`PAIR_MIN_TILES` tiles.
+
+    Parameters
+    ----------
+    g, plan, config
+        The geometry, its ``wg`` plan and the knobs (``wg_schedule``).
+    """
+    if g.block_size % 64 or config.wg_schedule == "serial":
+        return "serial"
+    if config.wg_schedule == "pair":
+        return "pair"
+    tiles = -(-g.max_blocks * g.block_size // 64)
+    return "pair" if -(-tiles // max(plan.splits, 1)) >= PAIR_MIN_TILES else "serial"
