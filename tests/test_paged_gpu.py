@@ -31,10 +31,11 @@ class Bound:
     """A case's inputs on the device, a poisoned output, and the kernel."""
 
     def __init__(self, rt, c, *, path="auto", num_splits=None, meta=None, cache_out=False,
-                 workspace=True, programmatic=True, balanced=False, wg_schedule="auto"):
+                 workspace=True, programmatic=True, balanced=False, wg_schedule=None):
         self.rt, self.c, self.meta = rt, c, meta
+        sched = {} if wg_schedule is None else {"wg_schedule": wg_schedule}
         cfg = PagedAttentionConfig(path=path, num_splits=num_splits, programmatic=programmatic,
-                                   balanced=balanced, wg_schedule=wg_schedule)
+                                   balanced=balanced, **sched)
         self.kernel = PagedAttentionFactory(rt, config=cfg).create(
             c.node, [None if x is None else x.shape for x in c.inputs[:16]])
         self.bufs = {i: DeviceArray.from_numpy(rt, x) for i, x in enumerate(c.inputs[:16])
