@@ -293,3 +293,16 @@ def test_params_probe_raises_on_other_errors(monkeypatch):
     fn = Function(handle=0xF00D, name="k", module_name="m", max_optin_shared=1 << 16)
     with pytest.raises(CudaError, match="CUDA_ERROR_OUT_OF_MEMORY"):
         _ = fn.params
+
+
+def test_pack_bytes_for_a_by_value_struct():
+    # A 128-byte, 64-byte-aligned parameter (a CUtensorMap) after a pointer: bytes of its size.
+    fn = _fn([(0, 8), (64, 128)])
+    blob = bytes(range(128))
+    ptrs = ctypes.cast(fn.pack([0x1000, blob]), ctypes.POINTER(ctypes.c_void_p))
+    assert ctypes.string_at(ptrs[1], 128) == blob
+    assert ptrs[1] - ptrs[0] == 64
+    with pytest.raises(TypeError, match="parameter is 128 bytes, got a 127-byte bytes"):
+        fn.pack([0x1000, blob[:127]])
+    with pytest.raises(TypeError, match="argument 1"):
+        fn.pack([0x1000, bytearray(blob)])

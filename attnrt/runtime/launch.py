@@ -105,10 +105,13 @@ def ptx_param_count(ptx: bytes | str, entry: str) -> int | None:
 class _Packer:
     """Packs one argument signature into a reusable buffer + pointer array (per thread)."""
 
-    __slots__ = ("struct", "buf", "ptrs", "addr")
+    __slots__ = ("struct", "buf", "ptrs", "addr", "sized")
 
-    def __init__(self, fmt: str, offsets: Sequence[int], size: int) -> None:
+    def __init__(self, fmt: str, offsets: Sequence[int], size: int,
+                 sized: Sequence[tuple[int, int]] = ()) -> None:
         self.struct = struct.Struct(fmt)
+        # (index, bytes) of the by-value struct arguments: struct's "Ns" would pad or cut.
+        self.sized = tuple(sized)
         self.buf = ctypes.create_string_buffer(max(size, 1))
         base = ctypes.addressof(self.buf)
         self.ptrs = (ctypes.c_void_p * max(len(offsets), 1))(*[base + o for o in offsets])
@@ -205,6 +208,10 @@ class Function:
         packer = cache.get(key)
         if packer is None:
             packer = cache[key] = self._make_packer(args)
+        for i, n in packer.sized:
+            if len(args[i]) != n:
+                raise TypeError(f"{self} argument {i}: parameter is {n} bytes, got a "
+                                f"{len(args[i])}-byte bytes")
         if args:
             packer.struct.pack_into(packer.buf, 0, *args)
         return packer.addr
@@ -214,7 +221,7 @@ class Function:
         if len(args) != len(params):
             raise TypeError(f"{self} takes {len(params)} arguments, got {len(args)}")
         fmt, pos = "<", 0
-        offsets = []
+        offsets, sized = [], []
         for i, (arg, (off, size)) in enumerate(zip(args, params)):
             if isinstance(arg, bool):
                 raise TypeError(f"{self} argument {i}: pass np.bool_ or an int scalar, not bool")
@@ -224,6 +231,7 @@ class Function:
                 code = _CODES[type(arg)]
             elif isinstance(arg, bytes):
                 code = f"{len(arg)}s"  # an opaque by-value struct (a CUtensorMap), same size
+                sized.append((i, size))
             else:
                 raise TypeError(f"{self} argument {i}: {type(arg).__name__} is not a kernel "
                                 "argument; pass device pointers as int and scalars as numpy "
@@ -239,4 +247,4 @@ class Function:
             fmt += code
             pos = off + size
             offsets.append(off)
-        return _Packer(fmt, offsets, pos)
+        return _Packer(fmt, offsets, pos, sized)
