@@ -1,7 +1,8 @@
 // PagedAttention (LATENT / MLA) read phase, sm_90a: two warpgroups on alternating pages.
 //
-// Same contract, arguments, grid and workspace as paged_mla_wg_fwd (paged_mla_wg.cu); the
-// partials are merged by paged_mla_combine (paged_mla.cu). Defines: PA_BF16, PA_HS / PA_VHS
+// Same contract, grid and workspace as paged_mla_wg_fwd (paged_mla_wg.cu), and its
+// arguments plus the latent cache's tensor map (kv_map); the partials are merged by
+// paged_mla_combine (paged_mla.cu). Defines: PA_BF16, PA_HS / PA_VHS
 // (576 / 512). Why this schedule: docs/notes/paged_attention.md#pair-kernel.
 //
 // A CTA (256 threads = warpgroups WG0 and WG1) owns M = 64 (token, head) rows and a range of
@@ -38,7 +39,6 @@
 #ifndef PA_VHS
 #define PA_VHS 512
 #endif
-
 
 #ifndef PA_PAIR_TRACE
 // Lab only (lab/paged_pair_trace.py): the SM clock at each step of the third-last pair of
