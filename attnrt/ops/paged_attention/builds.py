@@ -80,11 +80,7 @@ def mla_wg_smem_bytes(head_size: int = 576) -> int:
     int
         Bytes.
     """
-    q = MLA_ROWS * head_size * 2
-    kv = 2 * WG_BLOCK_N * head_size * 2
-    p = MLA_ROWS * WG_BLOCK_N * 2
-    rows = 2 * MLA_ROWS * 4 + 3 * MLA_ROWS * 4 + 2 * WG_BLOCK_N + 32
-    return q + kv + p + rows + 1024
+    return _wg_tiles_bytes(head_size) + 2 * MLA_ROWS * 4 + 3 * MLA_ROWS * 4 + 2 * WG_BLOCK_N + 32
 
 
 def mla_pair_smem_bytes(head_size: int = 576) -> int:
@@ -105,11 +101,12 @@ def mla_pair_smem_bytes(head_size: int = 576) -> int:
     int
         Bytes.
     """
-    q = MLA_ROWS * head_size * 2
-    kv = 2 * WG_BLOCK_N * head_size * 2
-    p = MLA_ROWS * WG_BLOCK_N * 2
-    rows = 3 * MLA_ROWS * 4 + 2 * (head_size // 64) * 8
-    return q + kv + p + rows + 1024
+    return _wg_tiles_bytes(head_size) + 3 * MLA_ROWS * 4 + 2 * (head_size // 64) * 8
+
+
+def _wg_tiles_bytes(head_size: int) -> int:
+    """What both wgmma kernels hold: Q, two 64-key tiles, one P tile, 1 KiB of base slack."""
+    return (MLA_ROWS + 2 * WG_BLOCK_N) * head_size * 2 + MLA_ROWS * WG_BLOCK_N * 2 + 1024
 
 
 def small_variant() -> Variant:
