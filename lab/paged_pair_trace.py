@@ -11,6 +11,7 @@ output; printed as cycles since mark 0, per warpgroup, for three launches.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -50,4 +51,7 @@ def main(heads: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(h) for h in sys.argv[1:]] or [16, 128])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("heads", nargs="*", type=int, default=[16, 128], help="head counts")
+    main(ap.parse_args().heads)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Run a lab script with extra ``-D`` defines on the wgmma pair kernel (a lab switch such as
-``PA_PAIR_PREFETCH=0``), without touching the package:
+"""Run a lab script with extra -D defines on the wgmma pair kernel (a lab switch such as
+PA_PAIR_TRACE=1), without touching the package:
 
-    PYTHONPATH=.:tools python lab/with_defines.py PA_PAIR_PREFETCH=0 lab/paged_rows.py --wg pair ROWS...
+    PYTHONPATH=.:tools python lab/with_defines.py PA_PAIR_TRACE=1 lab/paged_pair_trace.py 16
 
 Patches ``builds.wg_variant`` for the ``pair`` schedule, then runs the script as __main__.
 """
@@ -21,6 +21,9 @@ from attnrt.ops.paged_attention import builds  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
+    if len(argv) < 2 or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0 if argv[:1] in (["-h"], ["--help"]) else 2)
     extra = dict(kv.split("=", 1) for kv in argv[0].split(",") if kv)
     orig = builds.wg_variant
 

@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
     pytest.param("lab/trace_index_share.py", "decode cluster kernel", marks=pytest.mark.slow),
     pytest.param("lab/graph_gap.py", "one-kernel graph, by kernel shape", marks=pytest.mark.slow),
     pytest.param("lab/rc_cluster_probe.py", "follow cp.async copies", marks=pytest.mark.slow),
+    pytest.param("lab/rc_named_barrier_probe.py", "named barrier split into",
+                 marks=pytest.mark.slow),
+    pytest.param("lab/paged_pair_trace.py", "one steady-state pair", marks=pytest.mark.slow),
+    ("lab/with_defines.py", "extra -D defines on the wgmma pair kernel"),
     ("tools/plan_snapshot.py", "IndexShare's plan for a grid"),
     ("lab/sweep_attention.py", "Attention paths on the GPU"),
     ("tools/bench.py", "back-to-back calls before each timed"),
@@ -280,6 +284,30 @@ def test_trace_build_compiles() -> None:
     with pytest.raises(CompileError, match="IS_TRACE"):
         compile_source(src, "index_share_ws.cu", "sm_90a", [*plain.options, "-DIS_TRACE=1"],
                        trace_headers(True), cubin=False)
+
+
+@pytest.mark.slow
+def test_pair_trace_build_compiles() -> None:
+    """The pair kernel's lab trace build (PA_PAIR_TRACE=1, lab/paged_pair_trace.py) compiles
+    for sm_90a with its wgmmas kept asynchronous and reads the SM clock; the shipped build
+    does not."""
+    from attnrt.ops import _common
+    from attnrt.ops.paged_attention import builds
+    from attnrt.runtime import compiler
+    from attnrt.runtime.api import DataType
+    from attnrt.runtime.compiler import compile_source
+
+    v = builds.wg_variant(DataType.BFLOAT16, schedule="pair")
+    src = _common.source(v.file)
+    traced = compile_source(src, v.file, "sm_90a", [*v.options, "-DPA_PAIR_TRACE=1"],
+                            _common.headers())
+    ptx = traced.ptx.decode() if isinstance(traced.ptx, bytes) else traced.ptx
+    assert "%clock" in ptx
+    assert not compiler.performance_loss(traced.log), traced.log
+    shipped = compile_source(src, v.file, "sm_90a", list(v.options), _common.headers(),
+                             cubin=False)
+    sp = shipped.ptx.decode() if isinstance(shipped.ptx, bytes) else shipped.ptx
+    assert "%clock" not in sp
 
 
 def test_cluster_merge_partials_path() -> None:
