@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import pytest
 
+from attnrt.runtime.api import DataType
 from attnrt.runtime.launch import (
     Function,
     LaunchConfig,
@@ -306,3 +307,12 @@ def test_pack_bytes_for_a_by_value_struct():
         fn.pack([0x1000, blob[:127]])
     with pytest.raises(TypeError, match="argument 1"):
         fn.pack([0x1000, bytearray(blob)])
+
+
+@pytest.mark.parametrize("dtype", [DataType.FLOAT, DataType.INT32])
+def test_tensor_map_refuses_a_dtype_it_cannot_describe(dtype):
+    # Refused before the driver is asked (the pair kernel's map is bf16/f16 only).
+    from attnrt.runtime.tma import tensor_map_2d
+
+    with pytest.raises(ValueError, match="16-bit float"):
+        tensor_map_2d(0x1000, dtype, (64, 576), 1152, (64, 64))

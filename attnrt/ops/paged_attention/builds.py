@@ -126,11 +126,8 @@ def wg_variant(dtype: DataType, shape: tuple[int, int] = MLA_SHAPES[0],
                schedule: str = "serial") -> Variant:
     """The sm_90a wgmma latent kernel of one schedule (``serial`` or ``pair``) for one dtype
     and (head, value) width."""
-    if schedule == "pair":
-        return Variant("paged_mla_pair.cu", ("paged_mla_pair_fwd",),
-                       {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
-                        "PA_VHS": shape[1]}, min_arch=90, arch_suffix="a")
-    return Variant("paged_mla_wg.cu", ("paged_mla_wg_fwd",),
+    name = "paged_mla_pair" if schedule == "pair" else "paged_mla_wg"
+    return Variant(f"{name}.cu", (f"{name}_fwd",),
                    {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
                     "PA_VHS": shape[1]}, min_arch=90, arch_suffix="a")
 
