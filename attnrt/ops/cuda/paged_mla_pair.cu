@@ -45,6 +45,10 @@
 // CTA (0, 0), written over the first bytes of the output.
 #define PA_PAIR_TRACE 0
 #endif
+#ifndef PA_PAIR_EVICT
+// Lab only: the latent-cache TMA loads carry an L2 evict-first hint (each key is read once).
+#define PA_PAIR_EVICT 0
+#endif
 #if PA_PAIR_TRACE
 #define PAIR_MARK(k) (keep[k] = trace_now ? (unsigned)clock() : keep[k])
 #else
@@ -107,6 +111,15 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 
 #include "wgmma.cuh"
 
+#ifndef PA_PAIR_FULLSYNC
+// Lab only (racecheck): every hand-off's bar.arrive becomes a bar.sync (both warpgroups wait;
+// the same order, no deadlock, slower).
+#define PA_PAIR_FULLSYNC 0
+#endif
+#if PA_PAIR_FULLSYNC
+#define named_bar_arrive named_bar_sync
+#endif
+
 // A CUtensorMap (opaque, 128 bytes, 64-byte aligned), passed by value as a
 // __grid_constant__ parameter.
 struct __align__(64) TmaDesc {
@@ -121,11 +134,21 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
 // TMA: the box at (x, y) of the tensor map into shared memory at dst, completing on bar.
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int x, int y,
                                             unsigned bar) {
+#if PA_PAIR_EVICT
+  unsigned long long policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
+      : "memory");
+#else
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar)
       : "memory");
+#endif
 }
 
 }  // namespace
