@@ -23,8 +23,23 @@ for ev in 0 1 0 1; do
 done
 echo "== ncu"
 PYTHONPATH=$PYTHONPATH:tools ATTNRT_BENCH_PAGED_WG=pair timeout 150 "$NCU" --clock-control none \
-  --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size -c 60 \
+  --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size -c 60 \
   python3 lab/paged_rows.py decode:16:32:8192 > "$OUT/ncu.log" 2>&1
 echo "ncu rc $?"
-grep -aE "^  [a-zA-Z_].*\(|gpu__time_duration|dram__bytes_read|launch__grid_size" "$OUT/ncu.log" \
-  | sed -E 's/ +/ /g' | paste - - - - | sort | uniq -c | sort -rn | head -20
+python3 - "$OUT/ncu.log" <<'PY'
+import csv, sys, statistics as st
+from collections import defaultdict
+rows = [r for r in csv.reader(l for l in open(sys.argv[1], errors="replace") if l.startswith('"'))]
+hdr = rows[0]; k, m, v = hdr.index("Kernel Name"), hdr.index("Metric Name"), hdr.index("Metric Value")
+ids = hdr.index("ID")
+per = defaultdict(dict)
+for r in rows[1:]:
+    per[(r[ids], r[k][:60])][r[m]] = r[v]
+agg = defaultdict(list)
+for (i, name), d in per.items():
+    agg[name].append(d)
+for name, ds in agg.items():
+    t = st.median(float(d["gpu__time_duration.sum"].replace(",", "")) for d in ds)
+    b = st.median(float(d["dram__bytes_read.sum"].replace(",", "")) for d in ds)
+    print(f"{len(ds):3d}x {name:60s} {t/1e3:9.1f} us  {b/1e6:9.1f} MB  grid {ds[0]['launch__grid_size']}")
+PY
