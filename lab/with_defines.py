@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Run a lab script with extra -D defines on the wgmma pair kernel (a lab switch such as
-PA_PAIR_TRACE=1), without touching the package:
+"""Run a lab script with extra -D defines on the wgmma kernels (pair and serial; a lab switch
+such as PA_PAIR_TRACE=1 or PA_WG_EVICT=1), without touching the package:
 
     PYTHONPATH=.:tools python lab/with_defines.py PA_PAIR_TRACE=1 lab/paged_pair_trace.py 16
 
@@ -29,8 +29,6 @@ def main(argv: list[str]) -> None:
 
     def patched(dtype, shape=builds.MLA_SHAPES[0], schedule="serial"):
         v = orig(dtype, shape, schedule)
-        if schedule != "pair":
-            return v
         return dataclasses.replace(v, defines={**v.defines, **extra})
 
     builds.wg_variant = patched

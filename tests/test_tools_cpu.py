@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
     pytest.param("lab/rc_named_barrier_probe.py", "named barrier split into",
                  marks=pytest.mark.slow),
     pytest.param("lab/paged_pair_trace.py", "one steady-state pair", marks=pytest.mark.slow),
-    ("lab/with_defines.py", "extra -D defines on the wgmma pair kernel"),
+    ("lab/with_defines.py", "extra -D defines on the wgmma kernels"),
     pytest.param("lab/wg_child.py", "wgmma child test", marks=pytest.mark.slow),
     ("tools/plan_snapshot.py", "IndexShare's plan for a grid"),
     ("lab/sweep_attention.py", "Attention paths on the GPU"),

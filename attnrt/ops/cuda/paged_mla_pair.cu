@@ -45,10 +45,6 @@
 // CTA (0, 0), written over the first bytes of the output.
 #define PA_PAIR_TRACE 0
 #endif
-#ifndef PA_PAIR_EVICT
-// Lab only: the latent-cache TMA loads carry an L2 evict-first hint (each key is read once).
-#define PA_PAIR_EVICT 0
-#endif
 #if PA_PAIR_TRACE
 #define PAIR_MARK(k) (keep[k] = trace_now ? (unsigned)clock() : keep[k])
 #else
@@ -132,9 +128,10 @@ __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
                : "memory");
 }
 // TMA: the box at (x, y) of the tensor map into shared memory at dst, completing on bar.
+// Each key is read once: the box carries an L2 evict-first hint, so the cache keeps what is
+// reused (block tables, workspace). Measured: docs/notes/paged_attention.md#pair-kernel.
 __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, int x, int y,
                                             unsigned bar) {
-#if PA_PAIR_EVICT
   unsigned long long policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
   asm volatile(
@@ -142,13 +139,6 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaDesc* map, in
       ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar), "l"(policy)
       : "memory");
-#else
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-      "l"(reinterpret_cast<unsigned long long>(map)), "r"(x), "r"(y), "r"(bar)
-      : "memory");
-#endif
 }
 
 }  // namespace

@@ -112,11 +112,11 @@ class PagedAttentionConfig:
         the equal-length rows). ``False``: the model's count for every sequence.
     wg_schedule
         One of :data:`WG_SCHEDULES`: which kernel runs the wgmma path
-        (``docs/notes/paged_attention.md#pair-kernel``): ``serial`` (the default until the
-        pair kernel's racecheck report is explained), ``auto`` takes the pair kernel for
-        splits of at least :data:`PAIR_MIN_TILES` tiles. ``pair`` applies to block sizes
-        that are a multiple of 64 (it loads whole pages by TMA); other block sizes run
-        ``serial``. Both take the same grid, splits and workspace.
+        (``docs/notes/paged_attention.md#pair-kernel``): ``auto`` (the default) takes the
+        pair kernel for splits of at least :data:`PAIR_MIN_TILES` tiles, else the serial
+        one; ``serial`` and ``pair`` force one. ``pair`` applies to block sizes that are a
+        multiple of 64 (it loads whole pages by TMA); other block sizes run ``serial``. Both
+        take the same grid, splits and workspace.
 
     Raises
     ------
@@ -135,7 +135,7 @@ class PagedAttentionConfig:
     combine_bytes_per_us: float = 3.0e6
     programmatic: bool = True
     balanced: bool = False
-    wg_schedule: str = "serial"
+    wg_schedule: str = "auto"
 
     def __post_init__(self) -> None:
         # Integer knobs are checked (and numpy integers converted) here, so that a bad value
