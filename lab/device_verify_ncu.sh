@@ -3,7 +3,8 @@
 # hand-off a full bar.sync (PA_PAIR_FULLSYNC=1; racecheck does not follow the shipped
 # bar.arrive/bar.sync hand-offs: lab/rc_named_barrier_probe.py mode 4) and memcheck of the
 # shipped one, tools/gpu_check.sh without benchmarks, then ncu's stall reasons and tensor-pipe
-# use of the pair kernel and FlashMLA's on a compute-bound and a memory-bound row.
+# use of the pair kernel and FlashMLA's on a compute-bound and a memory-bound row; between
+# them, a few rows with the tensor map's L2 promotion at 256 (shipped), 128 and 0 bytes.
 #   bash lab/device_verify_ncu.sh OUTDIR
 set -u
 OUT=${1:?OUTDIR}; mkdir -p "$OUT"; T0=$(date +%s)
@@ -18,6 +19,11 @@ timeout 110 "$CS" --tool memcheck --error-exitcode 1 --print-limit 8 python3 lab
 echo "== memcheck pair rc $? ($(grep -ac ': ok' "$OUT/memcheck-pair.log") ok): $(grep -a 'ERROR SUMMARY' "$OUT/memcheck-pair.log")"
 ATTNRT_BENCH=none ATTNRT_GPU_TESTS="--timeout 150" timeout 240 bash tools/gpu_check.sh "$OUT/gc" > "$OUT/gc.log" 2>&1
 echo "== gpu_check rc $? in $(( $(date +%s) - T0 ))s"; tail -3 "$OUT/gc/pytest-gpu.log" 2>/dev/null
+ROWS="decode:16:32:8192 decode:128:32:8192 decode:16:128:8192 decode:64:32:32768"
+for promo in 256 128 0; do
+  PYTHONPATH=$PYTHONPATH:tools timeout 80 python3 lab/with_l2_promotion.py $promo \
+    lab/paged_rows.py --wg pair $ROWS 2>&1 | grep -a "ours" | sed "s/^/l2-$promo /"
+done
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 M="gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$"
 for row in decode:128:32:8192 decode:16:32:8192; do

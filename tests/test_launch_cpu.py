@@ -316,3 +316,12 @@ def test_tensor_map_refuses_a_dtype_it_cannot_describe(dtype):
 
     with pytest.raises(ValueError, match="16-bit float"):
         tensor_map_2d(0x1000, dtype, (64, 576), 1152, (64, 64))
+
+
+@pytest.mark.parametrize("promotion", [32, 512, -1])
+def test_tensor_map_refuses_an_l2_promotion_it_cannot_describe(promotion):
+    from attnrt.runtime.tma import tensor_map_2d
+
+    with pytest.raises(ValueError, match="l2_promotion"):
+        tensor_map_2d(0x1000, DataType.BFLOAT16, (64, 576), 1152, (64, 64),
+                      l2_promotion=promotion)

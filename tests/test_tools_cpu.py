@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
     pytest.param("lab/paged_pair_trace.py", "one steady-state pair", marks=pytest.mark.slow),
     ("lab/with_defines.py", "extra -D defines on the wgmma kernels"),
     pytest.param("lab/wg_child.py", "wgmma child test", marks=pytest.mark.slow),
+    ("lab/with_l2_promotion.py", "another L2 promotion"),
     ("tools/plan_snapshot.py", "IndexShare's plan for a grid"),
     ("lab/sweep_attention.py", "Attention paths on the GPU"),
     ("tools/bench.py", "back-to-back calls before each timed"),

@@ -231,19 +231,25 @@ def fast_driver() -> FastDriver:
 
 
 def tensor_map_2d(address: int, bf16: bool, inner: int, rows: int, row_bytes: int,
-                  box: tuple[int, int]) -> bytes:
+                  box: tuple[int, int], l2_promotion: int = 256) -> bytes:
     """The 128-byte ``CUtensorMap`` of a row-major ``[rows, inner]`` 16-bit tensor for TMA
     loads of ``box = (inner elements, rows)`` boxes in the 128-byte swizzle; elements outside
-    the tensor read as zero. For a kernel's ``__grid_constant__`` parameter (pass the bytes)."""
+    the tensor read as zero; L2 fills promoted to ``l2_promotion`` bytes (0, 64, 128, 256).
+    For a kernel's ``__grid_constant__`` parameter (pass the bytes)."""
     import ctypes
 
     t, u32, u64 = driver.CUtensorMapDataType, driver.cuuint32_t, driver.cuuint64_t
+    promo = driver.CUtensorMapL2promotion
+    promotion = {0: promo.CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                 64: promo.CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+                 128: promo.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                 256: promo.CU_TENSOR_MAP_L2_PROMOTION_L2_256B}[l2_promotion]
     tmap = check(driver.cuTensorMapEncodeTiled(
         t.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 if bf16 else t.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
         address, [u64(inner), u64(rows)], [u64(row_bytes)], [u32(b) for b in box],
         [u32(1), u32(1)],
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
-        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        promotion,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
     return ctypes.string_at(tmap.getPtr(), 128)

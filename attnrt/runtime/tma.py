@@ -12,7 +12,7 @@ __all__ = ["tensor_map_2d"]
 
 
 def tensor_map_2d(address: int, dtype: Any, shape: tuple[int, int], row_bytes: int,
-                  box: tuple[int, int]) -> bytes:
+                  box: tuple[int, int], l2_promotion: int = 256) -> bytes:
     """A TMA descriptor for a kernel's ``__grid_constant__`` parameter.
 
     Describes the row-major 16-bit tensor ``shape = (rows, inner)`` at device ``address``
@@ -33,6 +33,8 @@ def tensor_map_2d(address: int, dtype: Any, shape: tuple[int, int], row_bytes: i
         Bytes from one row to the next.
     box
         ``(inner elements, rows)`` of one copy.
+    l2_promotion
+        Bytes an L2 miss of a copy fetches (0: no promotion, 64, 128 or 256).
 
     Returns
     -------
@@ -42,11 +44,14 @@ def tensor_map_2d(address: int, dtype: Any, shape: tuple[int, int], row_bytes: i
     Raises
     ------
     ValueError
-        ``dtype`` is not a 16-bit float type.
+        ``dtype`` is not a 16-bit float type, or ``l2_promotion`` is not 0, 64, 128 or 256.
     CudaError
         The driver refused the description (alignment, sizes, compute capability < 9.0).
     """
     if dtype not in (DataType.BFLOAT16, DataType.FLOAT16):
         raise ValueError(f"tensor_map_2d: a 16-bit float dtype, got {dtype!r}")
+    if l2_promotion not in (0, 64, 128, 256):
+        raise ValueError(f"tensor_map_2d: l2_promotion must be 0, 64, 128 or 256, "
+                         f"got {l2_promotion!r}")
     return _check.tensor_map_2d(address, dtype == DataType.BFLOAT16, shape[1], shape[0],
-                                row_bytes, box)
+                                row_bytes, box, l2_promotion)
