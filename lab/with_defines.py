@@ -20,11 +20,19 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 from attnrt.ops.paged_attention import builds  # noqa: E402
 
 
-def main(argv: list[str]) -> None:
+def run_patched(argv: list[str], doc: str, patch) -> None:
+    """``argv`` = [SETTING, SCRIPT, ARGS...]: ``patch(SETTING)``, then SCRIPT as __main__
+    with ARGS (``doc`` printed for -h/--help or a short command line)."""
     if len(argv) < 2 or argv[0] in ("-h", "--help"):
-        print(__doc__)
+        print(doc)
         sys.exit(0 if argv[:1] in (["-h"], ["--help"]) else 2)
-    extra = dict(kv.split("=", 1) for kv in argv[0].split(",") if kv)
+    patch(argv[0])
+    sys.argv = argv[1:]
+    runpy.run_path(argv[1], run_name="__main__")
+
+
+def _patch_defines(setting: str) -> None:
+    extra = dict(kv.split("=", 1) for kv in setting.split(",") if kv)
     orig = builds.wg_variant
 
     def patched(dtype, shape=builds.MLA_SHAPES[0], schedule="serial"):
@@ -32,9 +40,7 @@ def main(argv: list[str]) -> None:
         return dataclasses.replace(v, defines={**v.defines, **extra})
 
     builds.wg_variant = patched
-    sys.argv = argv[1:]
-    runpy.run_path(argv[1], run_name="__main__")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_patched(sys.argv[1:], __doc__, _patch_defines)
