@@ -107,6 +107,12 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 
 #include "wgmma.cuh"
 
+#ifndef PA_PAIR_FASTMASK
+// Lab only: S of a tile whose every key every output row of the thread reads skips the
+// per-element mask.
+#define PA_PAIR_FASTMASK 0
+#endif
+
 #ifndef PA_PAIR_FULLSYNC
 // Lab only (racecheck): every hand-off's bar.arrive becomes a bar.sync (both warpgroups wait;
 // the same order, no deadlock, slower).
@@ -213,6 +219,16 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     my_lo[hf] = sRowLo[16 * wq + g + 8 * hf];
     my_out[hf] = sRowOut[16 * wq + g + 8 * hf];
   }
+#if PA_PAIR_FASTMASK
+  // The keys every output row of this thread reads (padding rows read anything).
+  int keys_lo = -0x7fffffff - 1, keys_hi = 0x7fffffff;
+#pragma unroll
+  for (int hf = 0; hf < 2; ++hf)
+    if (my_out[hf] >= 0) {
+      keys_lo = max(keys_lo, my_lo[hf]);
+      keys_hi = min(keys_hi, my_p[hf]);
+    }
+#endif
 
   // ---- Loads: TMA boxes of kv_map (the cache as [rows, HS]), one mbarrier per sub-tile.
   const int* bt_row = block_table + (long long)b * max_blocks;
@@ -336,6 +352,21 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   auto mask_s = [&](float (&s)[BN / 2], int t, bool page_ok, float (&mx)[2]) {
     const int key0 = (tile_begin + t) * BN;
     mx[0] = mx[1] = PA_NEG_INF;
+#if PA_PAIR_FASTMASK
+    if (page_ok && key0 >= keys_lo && key0 + BN - 1 <= keys_hi) {  // nothing to mask
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float v = softcap > 0.0f
+                              ? softcap * tanhf(s[4 * j + e] * scale / softcap) * PA_LOG2E
+                              : s[4 * j + e] * sl2;
+          s[4 * j + e] = v;
+          mx[e >> 1] = fmaxf(mx[e >> 1], v);
+        }
+    } else
+#endif
+    {
 #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
@@ -350,6 +381,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         s[4 * j + e] = v;
         mx[hf] = fmaxf(mx[hf], v);
       }
+    }
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
