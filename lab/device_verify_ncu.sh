@@ -35,7 +35,7 @@ NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*
 M="gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$"
 for row in decode:128:32:8192 decode:16:32:8192; do
   for k in paged_mla_pair_fwd flash_fwd_splitkv_mla; do
-    LEFT=$(( 570 - ($(date +%s) - T0) )); [ "$LEFT" -lt 30 ] && break 2
+    LEFT=$(( 500 - ($(date +%s) - T0) )); [ "$LEFT" -lt 40 ] && break 2
     PYTHONPATH=$PYTHONPATH:tools ATTNRT_BENCH_PAGED_WG=pair timeout "$LEFT" "$NCU" --clock-control none \
       --csv --print-units base -k regex:$k -c 1 --metrics "$M" python3 lab/paged_rows.py $row \
       > "$OUT/ncu-$row-$k.log" 2>&1
