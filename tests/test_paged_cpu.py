@@ -621,3 +621,16 @@ def test_wg_schedule_rule(B, L, bs, schedule, want):
 def test_wg_schedule_knob_is_validated():
     with pytest.raises(ValueError, match="wg_schedule"):
         PagedAttentionConfig(wg_schedule="fast")
+
+
+def test_default_config_takes_the_pair_kernel_for_long_splits():
+    # The default is "auto": the pair kernel for B128 L8k (one split of 128 tiles), the
+    # serial kernel for B8 (16 splits of 8 tiles).
+    assert PagedAttentionConfig().wg_schedule == "auto"
+    cfg = PagedAttentionConfig()
+    for B, want in ((128, "pair"), (8, "serial")):
+        c = _meta_case(B, 8192)
+        kernel = PagedAttentionFactory(None, config=cfg).create(c.node)
+        geo = kernel.validate(c.metas)
+        plan = kernel.plan(c.metas)
+        assert plan.path == "wg" and pplan.wg_schedule(geo, plan, cfg) == want
