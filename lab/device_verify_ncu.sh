@@ -4,8 +4,8 @@
 # bar.arrive/bar.sync hand-offs: lab/rc_named_barrier_probe.py mode 4) and memcheck of the
 # shipped one, tools/gpu_check.sh without benchmarks, then ncu's stall reasons and tensor-pipe
 # use of the pair kernel and FlashMLA's on a compute-bound and a memory-bound row; between
-# them, a few rows with the tensor map's L2 promotion at 256 (shipped), 128 and 0 bytes, and
-# with the lab switch PA_PAIR_FASTMASK (its child test first).
+# them, a few rows with the lab switches PA_PAIR_ORDER and PA_PAIR_FASTMASK (their child test
+# first) and the tensor map's L2 promotion at 128 bytes (256 shipped).
 #   bash lab/device_verify_ncu.sh OUTDIR
 set -u
 OUT=${1:?OUTDIR}; mkdir -p "$OUT"; T0=$(date +%s)
@@ -21,15 +21,13 @@ echo "== memcheck pair rc $? ($(grep -ac ': ok' "$OUT/memcheck-pair.log") ok): $
 ATTNRT_BENCH=none ATTNRT_GPU_TESTS="--timeout 150" timeout 240 bash tools/gpu_check.sh "$OUT/gc" > "$OUT/gc.log" 2>&1
 echo "== gpu_check rc $? in $(( $(date +%s) - T0 ))s"; tail -3 "$OUT/gc/pytest-gpu.log" 2>/dev/null
 ROWS="decode:16:32:8192 decode:128:32:8192 decode:16:128:8192 decode:64:32:32768"
-for promo in 256 128 0; do
-  PYTHONPATH=$PYTHONPATH:tools timeout 80 python3 lab/with_l2_promotion.py $promo \
-    lab/paged_rows.py --wg pair $ROWS 2>&1 | grep -a "ours" | sed "s/^/l2-$promo /"
-done
-timeout 90 python3 lab/with_defines.py PA_PAIR_FASTMASK=1 lab/wg_child.py pair > "$OUT/fastmask-child.log" 2>&1
-echo "== fastmask child rc $? ($(grep -ac ': ok' "$OUT/fastmask-child.log") ok)"
-for fm in 0 1; do
-  PYTHONPATH=$PYTHONPATH:tools timeout 80 python3 lab/with_defines.py PA_PAIR_FASTMASK=$fm \
-    lab/paged_rows.py --wg pair $ROWS 2>&1 | grep -a "ours" | sed "s/^/fastmask-$fm /"
+timeout 90 python3 lab/with_defines.py PA_PAIR_ORDER=1,PA_PAIR_FASTMASK=1 lab/wg_child.py pair \
+  > "$OUT/order-fastmask-child.log" 2>&1
+echo "== order+fastmask child rc $? ($(grep -ac ': ok' "$OUT/order-fastmask-child.log") ok)"
+for set in PA_PAIR_ORDER=0:256 PA_PAIR_ORDER=1:256 PA_PAIR_ORDER=1,PA_PAIR_FASTMASK=1:256 \
+           PA_PAIR_ORDER=1:128 PA_PAIR_ORDER=0:256; do
+  PYTHONPATH=$PYTHONPATH:tools timeout 80 python3 lab/with_defines.py ${set%:*} lab/with_l2_promotion.py \
+    ${set#*:} lab/paged_rows.py --wg pair $ROWS 2>&1 | grep -a "ours" | sed "s/^/$set /"
 done
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 M="gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,regex:^smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$"

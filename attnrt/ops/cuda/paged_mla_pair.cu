@@ -90,7 +90,9 @@ constexpr int OFF_P1 = OFF_K + 2 * T_BYTES;      // P of buffer 1; before the lo
 constexpr int OFF_MAX = OFF_P1 + M * 128;        // float[M] running row max (log2 domain)
 constexpr int OFF_SC0 = OFF_MAX + M * 4;         // float[M] WG0's rescale of the pair
 constexpr int OFF_SC1 = OFF_SC0 + M * 4;         // float[M] WG1's rescale of the pair
-constexpr int OFF_BAR = OFF_SC1 + M * 4;         // u64[2][HB] sub-tile mbarriers
+constexpr int OFF_MU = OFF_SC1 + M * 4;          // float[2][M] each warpgroup's row max of
+                                                 // its tile's exp (read back: PA_PAIR_ORDER)
+constexpr int OFF_BAR = OFF_MU + 2 * M * 4;      // u64[2][HB] sub-tile mbarriers
 constexpr int SMEM_USED = OFF_BAR + 2 * HB * 8;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
 static_assert(OFF_K % 1024 == 0 && OFF_P1 % 1024 == 0 && T_BYTES % 1024 == 0 &&
@@ -111,6 +113,14 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 // Lab only: S of a tile whose every key every output row of the thread reads skips the
 // per-element mask.
 #define PA_PAIR_FASTMASK 0
+#endif
+
+#ifndef PA_PAIR_ORDER
+// Lab only: after each hand-off's bar.arrive, the values the code after it uses (rescale,
+// row max) are read back from shared memory, so ptxas cannot sink the arrive below the
+// O rescale and the exp that follow it in the source (it did: the other warpgroup then
+// waited for them).
+#define PA_PAIR_ORDER 0
 #endif
 
 #ifndef PA_PAIR_FULLSYNC
@@ -176,6 +186,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   float* sMax = reinterpret_cast<float*>(smem + OFF_MAX);
   float* sSc0 = reinterpret_cast<float*>(smem + OFF_SC0);
   float* sSc1 = reinterpret_cast<float*>(smem + OFF_SC1);
+  float* sMu = reinterpret_cast<float*>(smem + OFF_MU);
   auto bar = [&](int buf, int sub) { return sbase + OFF_BAR + 8u * (buf * HB + sub); };
 
   const int tid = threadIdx.x;
@@ -501,9 +512,18 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         if (tq == 0) {
           sMax[r0 + 8 * hf] = m_new;
           sSc0[r0 + 8 * hf] = c[hf];
+          sMu[r0 + 8 * hf] = m_use[hf];
         }
       }
       named_bar_arrive(BAR_SCALE0, NTHREADS);
+#if PA_PAIR_ORDER
+      __syncwarp();
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        c[hf] = sSc0[r0 + 8 * hf];
+        m_use[hf] = sMu[r0 + 8 * hf];
+      }
+#endif
       PAIR_MARK(1);
       rescale(c[0], c[1]);
       exp_p(s, m_use, frag, rs);
@@ -518,7 +538,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       PAIR_MARK(3);
       named_bar_sync(BAR_SCALE1, NTHREADS);
       PAIR_MARK(4);
-      const float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
+      float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
       // P of tile 2i at the pair's max, for WG1's columns.
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
@@ -528,6 +548,10 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       store_p(sP0, frag);
       fence_proxy_async();
       named_bar_arrive(BAR_P0, NTHREADS);
+#if PA_PAIR_ORDER
+      c0 = sSc1[r0];
+      c1 = sSc1[r0 + 8];
+#endif
       PAIR_MARK(5);
       rescale(c0, c1);
       l_run[0] *= c0;
@@ -569,9 +593,18 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         if (tq == 0) {
           sMax[r0 + 8 * hf] = m_new;
           sSc1[r0 + 8 * hf] = c1;
+          sMu[M + r0 + 8 * hf] = m_use[hf];
         }
       }
       named_bar_arrive(BAR_SCALE1, NTHREADS);
+#if PA_PAIR_ORDER
+      __syncwarp();
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) {
+        c[hf] = sSc1[r0 + 8 * hf] * sSc0[r0 + 8 * hf];
+        m_use[hf] = sMu[M + r0 + 8 * hf];
+      }
+#endif
       PAIR_MARK(2);
       rescale(c[0], c[1]);
       if (has1) {

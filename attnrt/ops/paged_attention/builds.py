@@ -87,9 +87,9 @@ def mla_pair_smem_bytes(head_size: int = 576) -> int:
     """Dynamic shared memory of ``paged_mla_pair_fwd`` (mirrors SMEM_BYTES in paged_mla_pair.cu).
 
     Q and two 64-key tile buffers in 1024-byte-aligned swizzle atoms, the P of the second
-    buffer (the first's lives in its rotary sub-tile), the row max and two rescale vectors,
-    one mbarrier per 64-channel sub-tile of each buffer, plus 1 KiB of slack to align the
-    base.
+    buffer (the first's lives in its rotary sub-tile), the row max, two rescale vectors and
+    each warpgroup's exp max, one mbarrier per 64-channel sub-tile of each buffer, plus
+    1 KiB of slack to align the base.
 
     Parameters
     ----------
@@ -101,7 +101,7 @@ def mla_pair_smem_bytes(head_size: int = 576) -> int:
     int
         Bytes.
     """
-    return _wg_tiles_bytes(head_size) + 3 * MLA_ROWS * 4 + 2 * (head_size // 64) * 8
+    return _wg_tiles_bytes(head_size) + 5 * MLA_ROWS * 4 + 2 * (head_size // 64) * 8
 
 
 def _wg_tiles_bytes(head_size: int) -> int:
