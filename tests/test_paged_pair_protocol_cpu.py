@@ -178,8 +178,9 @@ class Model:
         w = "wg0"
         self.wr(w, buf(a, VALUE))  # clear_tail (conservatively every pair)
         self.rd(w, ["MAX"])
-        self.wr(w, ["MAX", "SC0"])
+        self.wr(w, ["MAX", "SC0", "MU0"])
         self.arrive(w, "SCALE0")
+        self.rd(w, ["SC0", "MU0"])  # read back after the arrive (PA_PAIR_ORDER)
         self.wgmma(w, buf(a, LO))  # P V of tile a, P from registers
         self.wg_wait(w, 0)
         if nxt0 and self.step("early_refill_lo"):
@@ -191,6 +192,7 @@ class Model:
         self.rd(w, ["SC1"])
         self.wr(w, [P0])
         self.arrive(w, "P0")
+        self.rd(w, ["SC1"])  # read back after the arrive (PA_PAIR_ORDER)
         if has1:
             if self.step("sync_pv0"):
                 self.sync(w, "PV0")
@@ -209,8 +211,9 @@ class Model:
             self.wr(w, buf(b, VALUE))  # clear_tail
         self.sync(w, "SCALE0")
         self.rd(w, ["MAX", "SC0"])
-        self.wr(w, ["MAX", "SC1"])
+        self.wr(w, ["MAX", "SC1", "MU1"])
         self.arrive(w, "SCALE1")
+        self.rd(w, ["SC1", "SC0", "MU1"])  # read back after the arrive (PA_PAIR_ORDER)
         if has1:
             self.wr(w, ["P1"])
             self.wgmma(w, buf(b, HI[:-1]))  # P V of tile b, value sub-tiles 4-7

@@ -110,17 +110,17 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 #include "wgmma.cuh"
 
 #ifndef PA_PAIR_FASTMASK
-// Lab only: S of a tile whose every key every output row of the thread reads skips the
-// per-element mask.
-#define PA_PAIR_FASTMASK 0
+// S of a tile whose every key every output row of the thread reads skips the per-element
+// mask (fewer instructions on the softmax's path; 0 turns it off, for the lab).
+#define PA_PAIR_FASTMASK 1
 #endif
 
 #ifndef PA_PAIR_ORDER
-// Lab only: after each hand-off's bar.arrive, the values the code after it uses (rescale,
-// row max) are read back from shared memory, so ptxas cannot sink the arrive below the
-// O rescale and the exp that follow it in the source (it did: the other warpgroup then
-// waited for them).
-#define PA_PAIR_ORDER 0
+// After each hand-off's bar.arrive the values the code after it uses (rescale, row max) are
+// read back from shared memory: without that dependency ptxas sank the arrive below the O
+// rescale and the exp that follow it, and the other warpgroup waited for them
+// (docs/notes/paged_attention.md#pair-kernel; 0 turns it off, for the lab).
+#define PA_PAIR_ORDER 1
 #endif
 
 #ifndef PA_PAIR_FULLSYNC
