@@ -35,8 +35,8 @@ def _patch_defines(setting: str) -> None:
     extra = dict(kv.split("=", 1) for kv in setting.split(",") if kv)
     orig = builds.wg_variant
 
-    def patched(dtype, shape=builds.MLA_SHAPES[0], schedule="serial"):
-        v = orig(dtype, shape, schedule)
+    def patched(dtype, shape=builds.MLA_SHAPES[0], schedule="serial", softcap=False):
+        v = orig(dtype, shape, schedule, softcap)
         return dataclasses.replace(v, defines={**v.defines, **extra})
 
     builds.wg_variant = patched

@@ -587,6 +587,19 @@ def test_every_variant_compiles_for_sm80_and_sm90():
             assert f".entry {e}(".encode() in r.ptx, (v.file, e)
 
 
+def test_pair_kernel_has_a_softcap_build():
+    """The pair kernel is built with and without its softcap code (kernel.py picks by the
+    softcap attribute); the serial kernel has one build for both."""
+    from attnrt.ops.paged_attention import builds
+    plain, cap = (builds.wg_variant(BF16, schedule="pair", softcap=x) for x in (False, True))
+    assert (plain.defines["PA_SOFTCAP"], cap.defines["PA_SOFTCAP"]) == (0, 1)
+    assert "PA_SOFTCAP" not in builds.wg_variant(BF16, schedule="serial", softcap=True).defines
+    listed = pa.compile_variants()
+    for dt in builds.SUPPORTED:
+        for x in (False, True):
+            assert builds.wg_variant(dt, schedule="pair", softcap=x) in listed, (dt, x)
+
+
 def _meta_case(B: int, L: int, H: int = 16, bs: int = 64):
     """Shapes only (no data): B decode sequences of L keys, the latent widths."""
     c = SimpleNamespace(node=make_node(H, vhs=512, scale=0.1, rope="half", offset=512))

@@ -315,6 +315,10 @@ WG_CASES = {
                                         past_lens=(40, 4099, 37, 41)),
     "spec-f16-h64-q3-window": dict(H=64, dtype=F16, rope="half", bs=64, window=70,
                                    q_lens=(3, 3), past_lens=(190, 1)),
+    # Softcap on 64-key pages (the pair kernel's softcap build), with a window.
+    "spec-f16-h32-softcap-window-bs64": dict(H=32, dtype=F16, rope="interleaved", offset=7,
+                                             softcap=25.0, bs=64, window=300, q_lens=(2, 1),
+                                             past_lens=(700, 90)),
     # Pages of 128 keys: two 64-key tiles per page.
     "decode-bf16-h64-bs128": dict(H=64, dtype=BF16, rope="half", bs=128, q_lens=(1, 1, 1),
                                   past_lens=(300, 5, 1000)),
@@ -353,6 +357,10 @@ def _wg_child(schedule: str = "serial") -> None:
             want = "paged_mla_pair.cu" if schedule == "pair" and c.bs % 64 == 0 \
                 else "paged_mla_wg.cu"
             assert want in files, (want, files)
+            if want == "paged_mla_pair.cu":  # the softcap build exactly when there is one
+                cap = float(c.node.attrs.get("softcap", 0.0)) > 0
+                opts = {o for key in bound.kernel._fns if key[0] == want for o in key[1]}
+                assert f"-DPA_SOFTCAP={int(cap)}" in opts, opts
             return out, cache, bound.kernel.last_plan
         finally:
             bound.free()

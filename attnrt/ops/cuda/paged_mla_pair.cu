@@ -109,6 +109,19 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 
 #include "wgmma.cuh"
 
+#ifndef PA_SOFTCAP
+// 1: the build for softcap > 0 (kernel.py picks it then); 0: the softcap argument is
+// ignored, and the loop holds no tanh (5k fewer instructions: the loop fits the
+// instruction cache better).
+#define PA_SOFTCAP 1
+#endif
+
+#ifndef PA_PAIR_RAWMAX
+// Without softcap, the row max is taken over the raw scores (scale > 0 commutes with max)
+// and the exp folds the scale into one FFMA: 32 fewer FMULs before each max hand-off.
+#define PA_PAIR_RAWMAX 1
+#endif
+
 #ifndef PA_PAIR_FASTMASK
 // S of a tile whose every key every output row of the thread reads skips the per-element
 // mask (fewer instructions on the softmax's path; 0 turns it off, for the lab).
@@ -337,6 +350,25 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   }
 
   const float sl2 = scale * PA_LOG2E;
+#if PA_SOFTCAP
+  const float cap_in = scale / softcap;  // softcap > 0 here (kernel.py)
+#endif
+  // S values as mask_s leaves them: x, with the log2-domain score x * kx.
+#if PA_SOFTCAP || !PA_PAIR_RAWMAX
+  const float kx = 1.0f;
+#else
+  const float kx = sl2;
+#endif
+  // The score of raw S value v before the mask (log2 domain up to the factor kx).
+  auto score = [&](float v) {
+#if PA_SOFTCAP
+    return softcap > 0.0f ? softcap * tanhf(v * cap_in) * PA_LOG2E : v * sl2;
+#elif PA_PAIR_RAWMAX
+    return v;
+#else
+    return v * sl2;
+#endif
+  };
   // S (64 x BN) of the tile in buffer `buf` over sub-tiles (k + rot) % HB for k in
   // [from, to), waiting on each sub-tile's mbarrier (phase parity `par`) just before its
   // MMAs; k == 0 overwrites s. Issued and committed as one wgmma group. WG1 starts at its
@@ -358,8 +390,9 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     }
     wg_commit();
   };
-  // Scale, softcap and mask S of tile t (buffer t & 1) in place (log2 domain, -inf when
-  // masked, also every key of an out-of-range block); returns the row maxima of this thread's two rows over the tile.
+  // Scale, softcap and mask S of tile t (buffer t & 1) in place (score(), -inf when masked,
+  // also every key of an out-of-range block); returns the row maxima of this thread's two
+  // rows over the tile in the log2 domain.
   auto mask_s = [&](float (&s)[BN / 2], int t, bool page_ok, float (&mx)[2]) {
     const int key0 = (tile_begin + t) * BN;
     mx[0] = mx[1] = PA_NEG_INF;
@@ -369,9 +402,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float v = softcap > 0.0f
-                              ? softcap * tanhf(s[4 * j + e] * scale / softcap) * PA_LOG2E
-                              : s[4 * j + e] * sl2;
+          const float v = score(s[4 * j + e]);
           s[4 * j + e] = v;
           mx[e >> 1] = fmaxf(mx[e >> 1], v);
         }
@@ -386,9 +417,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         const int kl = 8 * j + 2 * tq + (e & 1);
         const int jj = key0 + kl;
         const bool ok = page_ok && jj >= my_lo[hf] && jj <= my_p[hf];
-        float v = softcap > 0.0f ? softcap * tanhf(s[4 * j + e] * scale / softcap) * PA_LOG2E
-                                 : s[4 * j + e] * sl2;
-        v = ok ? v : PA_NEG_INF;
+        const float v = ok ? score(s[4 * j + e]) : PA_NEG_INF;
         s[4 * j + e] = v;
         mx[hf] = fmaxf(mx[hf], v);
       }
@@ -396,10 +425,10 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf) {
       mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2)) * kx;
     }
   };
-  // P = 2^(s - m) in place (s masked, m finite or 0), its A fragments (row g: regs 0/2, row
+  // P = 2^(s kx - m) in place (s masked, m finite or 0), its A fragments (row g: regs 0/2, row
   // g + 8: regs 1/3) and this thread's part of the row sums.
   auto exp_p = [&](float (&s)[BN / 2], const float (&m)[2], unsigned (&frag)[KS][4],
                    float (&rs)[2]) {
@@ -408,7 +437,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        s[4 * j + e] = ex2_ftz(s[4 * j + e] - m[e >> 1]);
+        s[4 * j + e] = ex2_ftz(fmaf(s[4 * j + e], kx, -m[e >> 1]));
         rs[e >> 1] += s[4 * j + e];
       }
       frag[j >> 1][2 * (j & 1) + 0] = N::pack2(s[4 * j + 0], s[4 * j + 1]);

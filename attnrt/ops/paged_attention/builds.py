@@ -123,13 +123,17 @@ def mla_variant(dtype: DataType, block_n: int, shape: tuple[int, int] = MLA_SHAP
 
 
 def wg_variant(dtype: DataType, shape: tuple[int, int] = MLA_SHAPES[0],
-               schedule: str = "serial") -> Variant:
+               schedule: str = "serial", softcap: bool = False) -> Variant:
     """The sm_90a wgmma latent kernel of one schedule (``serial`` or ``pair``) for one dtype
-    and (head, value) width."""
-    name = "paged_mla_pair" if schedule == "pair" else "paged_mla_wg"
-    return Variant(f"{name}.cu", (f"{name}_fwd",),
-                   {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
-                    "PA_VHS": shape[1]}, min_arch=90, arch_suffix="a")
+    and (head, value) width; ``softcap``: the pair kernel's build that applies one (the other
+    leaves the tanh out of its loop; the serial kernel has one build for both)."""
+    defines = {"PA_BF16": int(dtype == DataType.BFLOAT16), "PA_HS": shape[0],
+               "PA_VHS": shape[1]}
+    if schedule == "pair":
+        return Variant("paged_mla_pair.cu", ("paged_mla_pair_fwd",),
+                       {**defines, "PA_SOFTCAP": int(softcap)}, min_arch=90, arch_suffix="a")
+    return Variant("paged_mla_wg.cu", ("paged_mla_wg_fwd",), defines, min_arch=90,
+                   arch_suffix="a")
 
 
 def compile_variants() -> list[Variant]:
@@ -143,5 +147,6 @@ def compile_variants() -> list[Variant]:
     """
     return [small_variant()] + [mla_variant(dt, bn, sh) for sh in MLA_SHAPES
                                 for dt in SUPPORTED for bn in MLA_TILES] + \
-        [wg_variant(dt, sh, sched) for sched in ("serial", "pair") for sh in MLA_SHAPES
+        [wg_variant(dt, sh, "serial") for sh in MLA_SHAPES for dt in SUPPORTED] + \
+        [wg_variant(dt, sh, "pair", cap) for cap in (False, True) for sh in MLA_SHAPES
          for dt in SUPPORTED]

@@ -320,7 +320,7 @@ class PagedAttentionKernel:
                     latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.max_chunks)]
             if p.path == "wg":
                 sched = wg_schedule(g, p, self.config)
-                variant = builds.wg_variant(g.dtype, schedule=sched)
+                variant = builds.wg_variant(g.dtype, schedule=sched, softcap=a.softcap > 0)
                 fn = self._fn(variant, variant.entries[0])
                 smem = (builds.mla_pair_smem_bytes(g.head_size) if sched == "pair"
                         else builds.mla_wg_smem_bytes(g.head_size))
