@@ -358,7 +358,7 @@ def _wg_child(schedule: str = "serial") -> None:
                 else "paged_mla_wg.cu"
             assert want in files, (want, files)
             if want == "paged_mla_pair.cu":  # the softcap build exactly when there is one
-                cap = float(c.node.attrs.get("softcap", 0.0)) > 0
+                cap = float(c.node.attributes.get("softcap", 0.0)) > 0
                 opts = {o for key in bound.kernel._fns if key[0] == want for o in key[1]}
                 assert f"-DPA_SOFTCAP={int(cap)}" in opts, opts
             return out, cache, bound.kernel.last_plan
