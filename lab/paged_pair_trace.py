@@ -4,9 +4,10 @@
     PYTHONPATH=.:tools python lab/with_defines.py PA_PAIR_TRACE=1 lab/paged_pair_trace.py [H ...]
 
 Decode, one sequence per SM (B 132, L 2048, block 64, one split), so every SM streams as in
-the big-batch bench rows. CTA (0, 0) records the SM clock at each step of its third-last pair
-(kernel marks 0-11; see PAIR_MARK in cuda/paged_mla_pair.cu) over the first bytes of the
-output; printed as cycles since mark 0, per warpgroup, for three launches.
+the big-batch bench rows. CTA (0, 0) records the SM clock at each step of its fourth- and
+third-last pairs (kernel marks 0-11; see PAIR_MARK in cuda/paged_mla_pair.cu) over the first
+bytes of the output; printed as cycles since warpgroup 0's mark 0 of the first, both
+warpgroups, marks 0-11, for three launches.
 """
 
 from __future__ import annotations
@@ -30,22 +31,25 @@ WG1 = "1:scale0-in 2:scale1-out 3:PV1R-issued 4:P0-in 5:PV0R-issued 6:PV1R-done 
       "7:K1-issued 8:PV0R-done 9:K0-issued 10:S1-issued 11:S1-done"
 
 
-def main(heads: list[int]) -> None:
+def main(heads: list[int], B: int = 132, L: int = 2048, splits: int = 1) -> None:
     rng = np.random.default_rng(0)
     with attnrt.CudaRuntime(0) as rt:
         for H in heads:
-            c = make_case(rng, H=H, hs=576, vhs=512, bs=64, dtype=BF16, q_lens=(1,) * 132,
-                          past_lens=(2047,) * 132, extra_blocks=0)
-            bound = Bound(rt, c, path="wg", num_splits=1, wg_schedule="pair")
+            c = make_case(rng, H=H, hs=576, vhs=512, bs=64, dtype=BF16, q_lens=(1,) * B,
+                          past_lens=(L - 1,) * B, extra_blocks=0)
+            bound = Bound(rt, c, path="wg", num_splits=splits or None, wg_schedule="pair")
             try:
                 print(f"H{H}: marks  WG0 {WG0}\n        WG1 {WG1}")
                 for _ in range(3):
                     bound.execute()
                     rt.synchronize()
-                    raw = bound.out.numpy().view(np.uint32).reshape(-1)[:32].astype(np.int64)
-                    for wg in (0, 1):
-                        m = raw[16 * wg: 16 * wg + 12]
-                        print(f"  wg{wg}: " + " ".join(f"{(v - m[0]) % 2**32:6d}" for v in m[1:]))
+                    raw = bound.out.numpy().view(np.uint32).reshape(-1)[:64].astype(np.int64)
+                    t0 = raw[0]  # WG0's mark 0 of the first traced pair: both warpgroups from it
+                    for pair in (0, 1):
+                        for wg in (0, 1):
+                            m = raw[32 * wg + 12 * pair: 32 * wg + 12 * pair + 12]
+                            print(f"  pair{pair} wg{wg}: "
+                                  + " ".join(f"{(v - t0) % 2**32:6d}" for v in m))
             finally:
                 bound.free()
 
@@ -54,4 +58,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("heads", nargs="*", type=int, default=[16, 128], help="head counts")
-    main(ap.parse_args().heads)
+    ap.add_argument("--batch", type=int, default=132, help="sequences")
+    ap.add_argument("--length", type=int, default=2048, help="keys per sequence")
+    ap.add_argument("--splits", type=int, default=1, help="split-KV count (0: the planner's)")
+    a = ap.parse_args()
+    main(a.heads, a.batch, a.length, a.splits)

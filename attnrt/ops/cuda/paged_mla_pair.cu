@@ -41,12 +41,14 @@
 #endif
 
 #ifndef PA_PAIR_TRACE
-// Lab only (lab/paged_pair_trace.py): the SM clock at each step of the third-last pair of
-// CTA (0, 0), written over the first bytes of the output.
+// Lab only (lab/paged_pair_trace.py): the SM clock at each step of the fourth- and
+// third-last pairs of CTA (0, 0), written over the first bytes of the output.
 #define PA_PAIR_TRACE 0
 #endif
 #if PA_PAIR_TRACE
-#define PAIR_MARK(k) (keep[k] = trace_now ? (unsigned)clock() : keep[k])
+#define PAIR_MARK(k)                                          \
+  (keep[k] = trace_a ? (unsigned)clock() : keep[k],           \
+   keep[12 + k] = trace_b ? (unsigned)clock() : keep[12 + k])
 #else
 #define PAIR_MARK(k) ((void)0)
 #endif
@@ -134,6 +136,20 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 // rescale and the exp that follow it, and the other warpgroup waited for them
 // (docs/notes/paged_attention.md#pair-kernel; 0 turns it off, for the lab).
 #define PA_PAIR_ORDER 1
+#endif
+
+#ifndef PA_PAIR_TMAPF
+// Lab switch: prefetch the tensor map's descriptor at the start (prefetch.tensormap).
+#define PA_PAIR_TMAPF 0
+#endif
+#ifndef PA_PAIR_K0LATE
+// Lab switch: warpgroup 0 issues the refill of tile 2i + 2's channels 0-255 after the
+// BAR_SCALE1 hand-off instead of before it.
+#define PA_PAIR_K0LATE 0
+#endif
+#ifndef PA_PAIR_TRACE_WARP
+// Lab (PA_PAIR_TRACE): the warp of each warpgroup whose lane 0 writes the trace.
+#define PA_PAIR_TRACE_WARP 0
 #endif
 
 #ifndef PA_PAIR_FULLSYNC
@@ -322,6 +338,11 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   if (n_tiles > 0) {
     // Launched programmatically after the write kernel (kernel.py): everything above reads
     // only inputs that kernel does not write; the latent cache waits for it to complete.
+#if PA_PAIR_TMAPF
+    if (tid == 0)
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&kv_map))
+                   : "memory");
+#endif
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     issue(0, row0);
     if (n_tiles > 1) issue(1, row1);
@@ -512,11 +533,11 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   }
   const int n_pairs = (n_tiles + 1) >> 1;
 #if PA_PAIR_TRACE
-  unsigned keep[12] = {0};
+  unsigned keep[24] = {0};
 #endif
   for (int i = 0; i < n_pairs; ++i) {
 #if PA_PAIR_TRACE
-    const bool trace_now = i == n_pairs - 3;
+    const bool trace_a = i == n_pairs - 4, trace_b = i == n_pairs - 3;
 #endif
     const int t0 = 2 * i;
     const bool has1 = t0 + 1 < n_tiles, nxt0 = t0 + 2 < n_tiles, nxt1 = t0 + 3 < n_tiles;
@@ -563,9 +584,10 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       settle(s);
       PAIR_MARK(2);
       // Tile 2i's channels 0-255 are free (its S and this P V are done).
-      if (nxt0) issue(t0 + 2, row0);
+      if (!PA_PAIR_K0LATE && nxt0) issue(t0 + 2, row0);
       PAIR_MARK(3);
       named_bar_sync(BAR_SCALE1, NTHREADS);
+      if (PA_PAIR_K0LATE && nxt0) issue(t0 + 2, row0);
       PAIR_MARK(4);
       float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
       // P of tile 2i at the pair's max, for WG1's columns.
@@ -716,8 +738,8 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     }
   }
 #if PA_PAIR_TRACE
-  if (blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 0)
+  if (blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 32 * PA_PAIR_TRACE_WARP)
 #pragma unroll
-    for (int k = 0; k < 12; ++k) reinterpret_cast<unsigned*>(out)[16 * wg + k] = keep[k];
+    for (int k = 0; k < 24; ++k) reinterpret_cast<unsigned*>(out)[32 * wg + k] = keep[k];
 #endif
 }
