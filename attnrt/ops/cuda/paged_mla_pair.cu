@@ -147,6 +147,11 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 // BAR_SCALE1 hand-off instead of before it.
 #define PA_PAIR_K0LATE 0
 #endif
+#ifndef PA_PAIR_TMA_SPREAD
+// Lab switch: a half tile's copies issued by lane 0 of each of the warpgroup's four warps in
+// turn (sub-tile k by warp k % 4), not all by one thread (each copy holds its warp ~90 cycles).
+#define PA_PAIR_TMA_SPREAD 0
+#endif
 #ifndef PA_PAIR_TRACE_WARP
 // Lab (PA_PAIR_TRACE): the warp of each warpgroup whose lane 0 writes the trace.
 #define PA_PAIR_TRACE_WARP 0
@@ -283,12 +288,13 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   };
   // This warpgroup's sub-tiles of tile t (page row `row`) into buffer t & 1, by one thread.
   auto issue = [&](int t, int row) {
-    if ((tid & 127) != 0) return;
+    if (lane != 0 || (!PA_PAIR_TMA_SPREAD && wq != 0)) return;
     const int buf = t & 1;
-    if (row < 0 && wg == 0) atomicOr(latch, PA_LATCH_BLOCK);
+    if (row < 0 && wg == 0 && wq == 0) atomicOr(latch, PA_LATCH_BLOCK);
     const int y = row >= 0 ? row : cache_rows;  // past the tensor: zeros
     const unsigned dst = sbase + OFF_K + buf * T_BYTES;
     for (int sub = wg == 0 ? 0 : VBW; sub < (wg == 0 ? VBW : HB); ++sub) {
+      if (PA_PAIR_TMA_SPREAD && (sub & 3) != wq) continue;
       mbar_expect_tx(bar(buf, sub), TBLK);
       tma_load_2d(dst + sub * TBLK, &kv_map, sub * 64, y, bar(buf, sub));
     }
