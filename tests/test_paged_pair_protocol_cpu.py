@@ -47,7 +47,7 @@ class Ev:
 class Model:
     n_tiles: int
     skip: frozenset = frozenset()  # mutations: step names left out
-    early: bool = False  # PA_PAIR_EARLY's order (P V of tile 2i first in both warpgroups)
+    p0first: bool = False  # PA_PAIR_P0FIRST's order
     events: list = field(default_factory=list)
     last: dict = field(default_factory=dict)  # agent -> index of its last event
     edges: list = field(default_factory=list)
@@ -162,7 +162,7 @@ class Model:
             self.s_of("wg1", 1, HI + LO)
             self.wg_wait("wg1", 0)
         for i in range((n + 1) // 2):
-            (self.pair_early if self.early else self.pair)(i)
+            (self.pair_p0first if self.p0first else self.pair)(i)
         self.epilogue()
         return self
 
@@ -233,9 +233,9 @@ class Model:
             self.s_of(w, a + 3, HI + LO)
         self.wg_wait(w, 0)
 
-    def pair_early(self, i: int) -> None:
-        """The pair with PA_PAIR_EARLY: P of tile a at warpgroup 0's max goes to shared
-        memory at once; each warpgroup runs P V of tile a, waits it, rescales, then P V of b."""
+    def pair_p0first(self, i: int) -> None:
+        """The pair with PA_PAIR_P0FIRST: warpgroup 0 hands P of tile a over at its own max
+        before its P V; warpgroup 1 rescales it in place and runs P V of tile a first."""
         n, a, b = self.n_tiles, 2 * i, 2 * i + 1
         has1, nxt0, nxt1 = b < n, a + 2 < n, a + 3 < n
         # warpgroup 0
@@ -250,13 +250,13 @@ class Model:
         self.wgmma(w, buf(a, LO))  # P V of tile a, P from registers
         if self.step("sync_scale1"):
             self.sync(w, "SCALE1")
-        self.rd(w, ["SC1"])
         self.wg_wait(w, 0)
+        self.rd(w, ["SC1"])
         if nxt0:
             self.tma(w, a + 2, LO)
         if has1:
-            if self.step("sync_p1"):
-                self.sync(w, "P1")
+            if self.step("sync_pv0"):
+                self.sync(w, "PV0")
             self.wgmma(w, ["P1"] + buf(b, LO))  # P V of tile b, P from shared memory
         if nxt0:
             self.s_of(w, a + 2, LO)
@@ -274,28 +274,31 @@ class Model:
         self.rd(w, ["MAX", "SC0"])
         self.wr(w, ["MAX", "SC1", "MU1"])
         self.arrive(w, "SCALE1")
-        self.rd(w, ["SC0", "SC1", "MU1"])  # read back after the arrive (PA_PAIR_ORDER)
-        self.sync(w, "P0")
+        self.rd(w, ["SC1", "SC0", "MU1"])  # read back after the arrive (PA_PAIR_ORDER)
+        if self.step("sync_p0"):
+            self.sync(w, "P0")
+        self.rd(w, ["SC1", P0])  # P of tile a to the pair's max, in place
+        self.wr(w, [P0])
         self.wgmma(w, [P0] + buf(a, HI[:-1]))  # P V of tile a, P from shared memory
         if has1:
             self.wr(w, ["P1"])
-            self.arrive(w, "P1")
-        if self.step("wait_pv0r"):
-            self.wg_wait(w, 0)
-        if nxt0:
-            self.tma(w, a + 2, HI)
-        if has1:
+            self.arrive(w, "PV0")
             self.wgmma(w, buf(b, HI[:-1]))  # P V of tile b, value sub-tiles 4-7
+            self.wg_wait(w, 1 if self.step("wait_pv0r") else 2)
+            if nxt0:
+                self.tma(w, a + 2, HI)
             if self.step("wait_pv1r"):
                 self.wg_wait(w, 0)
             if nxt1:
                 self.tma(w, a + 3, HI)
+        else:
+            self.wg_wait(w, 0)
         if nxt1:
             self.s_of(w, a + 3, HI + LO)
         self.wg_wait(w, 0)
 
     def bars(self) -> tuple[str, ...]:
-        return ("SCALE0", "SCALE1", "P0", "P1" if self.early else "PV0")
+        return ("SCALE0", "SCALE1", "P0", "PV0")
 
     # -- checks ----------------------------------------------------------------------------
     def reach(self) -> list[int]:
@@ -363,10 +366,10 @@ class Model:
         return out + self.problems()
 
 
-@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("p0first", [False, True])
 @pytest.mark.parametrize("n_tiles", range(0, 10))
-def test_the_pair_protocol_orders_every_conflicting_access(n_tiles, early):
-    assert Model(n_tiles, early=early).build().check() == []
+def test_the_pair_protocol_orders_every_conflicting_access(n_tiles, p0first):
+    assert Model(n_tiles, p0first=p0first).build().check() == []
 
 
 @pytest.mark.parametrize("mutation, n_tiles", [
@@ -381,9 +384,10 @@ def test_the_check_finds_a_missing_order(mutation, n_tiles):
 
 @pytest.mark.parametrize("mutation, n_tiles", [
     ("sync_scale1", 4),      # warpgroup 0 would read the rescale before warpgroup 1 wrote it
-    ("sync_p1", 4),          # warpgroup 0 would read P of tile b before it is stored
+    ("sync_p0", 4),          # warpgroup 1 would rescale P of tile a before it is stored
+    ("sync_pv0", 4),         # warpgroup 0 would read P of tile b before it is stored
     ("wait_pv0r", 4),        # tile a + 2's copy over P V of tile a in flight (and its P)
     ("wait_pv1r", 6),        # tile b + 2's copy over P V of tile b in flight
 ])
-def test_the_check_finds_a_missing_order_early(mutation, n_tiles):
-    assert Model(n_tiles, frozenset({mutation}), early=True).build().check()
+def test_the_check_finds_a_missing_order_p0first(mutation, n_tiles):
+    assert Model(n_tiles, frozenset({mutation}), p0first=True).build().check()

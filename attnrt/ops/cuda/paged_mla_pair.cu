@@ -105,7 +105,6 @@ static_assert(OFF_K % 1024 == 0 && OFF_P1 % 1024 == 0 && T_BYTES % 1024 == 0 &&
 constexpr int BAR_SCALE0 = 1;  // WG0 -> WG1: row max and rescale of tile 2i published
 constexpr int BAR_SCALE1 = 2;  // WG1 -> WG0: row max and rescale of tile 2i + 1 published
 constexpr int BAR_P0 = 3;      // WG0 -> WG1: P of tile 2i (at the pair's max) in shared memory
-constexpr int BAR_P1 = 4;       // (PA_PAIR_EARLY) WG1 -> WG0: P of tile 2i + 1 in shared memory
 constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P of 2i + 1
                                // in shared memory): that P V frees channels 256-575 of
                                // tile 2i, which S of tile 2i + 2 needs, so it goes first
@@ -148,11 +147,11 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 // BAR_SCALE1 hand-off instead of before it.
 #define PA_PAIR_K0LATE 0
 #endif
-#ifndef PA_PAIR_EARLY
-// Lab switch: each warpgroup runs P V of tile 2i first, with P at warpgroup 0's max (no
-// rescale of P by warpgroup 0), then rescales O to the pair's max and runs P V of tile 2i + 1
-// (P of 2i + 1 handed over on BAR_P1): tile 2i's value channels are free a whole P V earlier.
-#define PA_PAIR_EARLY 0
+#ifndef PA_PAIR_P0FIRST
+// Lab switch: warpgroup 0 rescales and stores P of tile 2i while its P V of the tile runs
+// (not after it), and warpgroup 1 issues P V of tile 2i before that of tile 2i + 1: tile 2i's
+// channels 256-575, which S of tile 2i + 2 waits for, are refilled a P V earlier.
+#define PA_PAIR_P0FIRST 0
 #endif
 #ifndef PA_PAIR_TMA_SPREAD
 // Lab switch: a half tile's copies issued by lane 0 of each of the warpgroup's four warps in
@@ -559,145 +558,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     if (nxt0) row0 = page_row(t0 + 2);
     if (nxt1) row1 = page_row(t0 + 3);
     PAIR_MARK(0);
-#if PA_PAIR_EARLY
-    if (wg == 0) {
-      // Tile 2i: raise the row max, publish it with the rescale of everything before; P of
-      // the tile at that max to shared memory for warpgroup 1, then this warpgroup's P V.
-      float mx[2], m_use[2], c[2], rs[2];
-      clear_tail(t0);
-      mask_s(s, t0, ok0, mx);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float old = sMax[r0 + 8 * hf];
-        const float m_new = fmaxf(old, mx[hf]);
-        // No key yet: keep -inf in sMax and use 0 here, so no (-inf) - (-inf) appears.
-        m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
-        c[hf] = ex2_ftz(old - m_use[hf]);
-        __syncwarp();  // the quad's reads of sMax before its write
-        if (tq == 0) {
-          sMax[r0 + 8 * hf] = m_new;
-          sSc0[r0 + 8 * hf] = c[hf];
-          sMu[r0 + 8 * hf] = m_use[hf];
-        }
-      }
-      named_bar_arrive(BAR_SCALE0, NTHREADS);
-#if PA_PAIR_ORDER
-      __syncwarp();
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        c[hf] = sSc0[r0 + 8 * hf];
-        m_use[hf] = sMu[r0 + 8 * hf];
-      }
-#endif
-      PAIR_MARK(1);
-      rescale(c[0], c[1]);
-      exp_p(s, m_use, frag, rs);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
-      store_p(sP0, frag);
-      fence_proxy_async();
-      named_bar_arrive(BAR_P0, NTHREADS);
-      issue_pv_regs(frag, 0);
-      PAIR_MARK(2);
-      named_bar_sync(BAR_SCALE1, NTHREADS);
-      const float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
-      PAIR_MARK(3);
-      wg_wait0();  // P V of tile 2i done: O is free to rescale, channels 0-255 to refill
-      settle(s);
-      PAIR_MARK(4);
-      if (nxt0) issue(t0 + 2, row0);
-      PAIR_MARK(5);
-      rescale(c0, c1);
-      l_run[0] *= c0;
-      l_run[1] *= c1;
-      if (has1) {
-        named_bar_sync(BAR_P1, NTHREADS);
-        PAIR_MARK(6);
-        fence_proxy_async();
-        issue_pv_smem(sbase + OFF_P1, 1);
-      }
-      if (nxt0) issue_s(s, 0, npar, 0, VBW, 0);
-      PAIR_MARK(7);
-      if (nxt1) {
-        wg_wait1();  // P V of tile 2i + 1 done: its channels 0-255 are free
-        PAIR_MARK(8);
-        issue(t0 + 3, row1);
-      }
-      PAIR_MARK(9);
-      if (nxt0) issue_s(s, 0, npar, VBW, HB, 0);
-      PAIR_MARK(10);
-      wg_wait0();
-      settle(s);
-      PAIR_MARK(11);
-    } else {
-      // Tile 2i + 1: raise the max warpgroup 0 published; P V of tile 2i first (its P at
-      // that max), then rescale to the pair's max and P V of this tile.
-      if (has1) clear_tail(t0 + 1);
-      named_bar_sync(BAR_SCALE0, NTHREADS);
-      PAIR_MARK(1);
-      float mx[2] = {PA_NEG_INF, PA_NEG_INF}, m_use[2], c[2], c1[2], rs[2] = {0.0f, 0.0f};
-      if (has1) mask_s(s, t0 + 1, ok1, mx);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float old = sMax[r0 + 8 * hf];
-        const float m_new = fmaxf(old, mx[hf]);
-        m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
-        c1[hf] = has1 ? ex2_ftz(old - m_use[hf]) : 1.0f;
-        c[hf] = sSc0[r0 + 8 * hf];
-        __syncwarp();
-        if (tq == 0) {
-          sMax[r0 + 8 * hf] = m_new;
-          sSc1[r0 + 8 * hf] = c1[hf];
-          sMu[M + r0 + 8 * hf] = m_use[hf];
-        }
-      }
-      named_bar_arrive(BAR_SCALE1, NTHREADS);
-#if PA_PAIR_ORDER
-      __syncwarp();
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        c[hf] = sSc0[r0 + 8 * hf];
-        c1[hf] = sSc1[r0 + 8 * hf];
-        m_use[hf] = sMu[M + r0 + 8 * hf];
-      }
-#endif
-      PAIR_MARK(2);
-      rescale(c[0], c[1]);
-      named_bar_sync(BAR_P0, NTHREADS);
-      PAIR_MARK(3);
-      fence_proxy_async();
-      issue_pv_smem(sbase + OFF_P0, 0);
-      if (has1) {
-        exp_p(s, m_use, frag, rs);
-        store_p(sP1, frag);
-        fence_proxy_async();
-        named_bar_arrive(BAR_P1, NTHREADS);
-      }
-      PAIR_MARK(4);
-      wg_wait0();  // P V of tile 2i done: its channels 256-575 (and its P) are free
-      PAIR_MARK(5);
-      if (nxt0) issue(t0 + 2, row0);
-      PAIR_MARK(6);
-      rescale(c1[0], c1[1]);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] * c1[hf] + rs[hf];
-      if (has1) {
-        issue_pv_regs(frag, 1);
-        PAIR_MARK(7);
-        wg_wait0();  // P V of tile 2i + 1 done: its channels 256-575 are free
-        PAIR_MARK(8);
-        if (nxt1) issue(t0 + 3, row1);
-      }
-      PAIR_MARK(9);
-      if (nxt1) {
-        issue_s(s, 1, npar, 0, HB, VBW);
-        PAIR_MARK(10);
-        wg_wait0();
-      }
-      settle(s);
-      PAIR_MARK(11);
-    }
-#else
     if (wg == 0) {
       // Tile 2i: raise the row max, publish it with the rescale of everything before.
       float mx[2], m_use[2], c[2], rs[2];
@@ -731,6 +591,23 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       exp_p(s, m_use, frag, rs);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
+#if PA_PAIR_P0FIRST
+      // P of tile 2i at this max, for warpgroup 1 (which rescales it to the pair's max).
+      store_p(sP0, frag);
+      fence_proxy_async();
+      named_bar_arrive(BAR_P0, NTHREADS);
+      issue_pv_regs(frag, 0);
+      PAIR_MARK(2);
+      PAIR_MARK(3);
+      named_bar_sync(BAR_SCALE1, NTHREADS);
+      PAIR_MARK(4);
+      wg_wait0();
+      settle(s);
+      const float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
+      // Tile 2i's channels 0-255 are free (its S and this P V are done).
+      if (nxt0) issue(t0 + 2, row0);
+      PAIR_MARK(5);
+#else
       issue_pv_regs(frag, 0);
       wg_wait0();
       settle(s);
@@ -756,6 +633,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       c1 = sSc1[r0 + 8];
 #endif
       PAIR_MARK(5);
+#endif
       rescale(c0, c1);
       l_run[0] *= c0;
       l_run[1] *= c1;
@@ -810,6 +688,51 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
 #endif
       PAIR_MARK(2);
       rescale(c[0], c[1]);
+#if PA_PAIR_P0FIRST
+      named_bar_sync(BAR_P0, NTHREADS);
+      PAIR_MARK(3);
+      {
+        // P of tile 2i to the pair's max, in place: the elements warpgroup 0's thread of the
+        // same rank stored, rows r0 and r0 + 8 (their rescale is this thread's c1).
+        float k1[2] = {sSc1[r0], sSc1[r0 + 8]};
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int hf = 0; hf < 2; ++hf) {
+            const int pr = r0 + 8 * hf;
+            unsigned* e = reinterpret_cast<unsigned*>(sP0 + pr * 128 + ((j ^ (pr & 7)) << 4) +
+                                                      4 * tq);
+            elem_t v[2];
+            memcpy(v, e, 4);
+            *e = N::pack2(N::to_f(v[0]) * k1[hf], N::to_f(v[1]) * k1[hf]);
+          }
+      }
+      fence_proxy_async();
+      issue_pv_smem(sbase + OFF_P0, 0);
+      PAIR_MARK(4);
+      if (has1) exp_p(s, m_use, frag, rs);  // while P V of tile 2i runs
+#pragma unroll
+      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
+      // One straight path per case: a wgmma wait under a runtime condition makes ptxas
+      // inject its own waits.
+      if (has1) {
+        store_p(sP1, frag);
+        fence_proxy_async();
+        named_bar_arrive(BAR_PV0, NTHREADS);
+        issue_pv_regs(frag, 1);
+        PAIR_MARK(5);
+        wg_wait1();  // P V of tile 2i done: its channels 256-575 (and its P) are free
+        PAIR_MARK(6);
+        if (nxt0) issue(t0 + 2, row0);
+        PAIR_MARK(7);
+        wg_wait0();  // P V of tile 2i + 1 done: its channels 256-575 are free
+        PAIR_MARK(8);
+        if (nxt1) issue(t0 + 3, row1);
+      } else {
+        wg_wait0();  // the last pair's P V of tile 2i (no refill follows)
+      }
+      PAIR_MARK(9);
+#else
       if (has1) {
         exp_p(s, m_use, frag, rs);
         store_p(sP1, frag);
@@ -835,6 +758,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       PAIR_MARK(8);
       if (nxt0) issue(t0 + 2, row0);
       PAIR_MARK(9);
+#endif
       if (nxt1) {
         issue_s(s, 1, npar, 0, HB, VBW);
         PAIR_MARK(10);
@@ -843,7 +767,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       settle(s);
       PAIR_MARK(11);
     }
-#endif
   }
 
   // ---- Epilogue: the row sums of both warpgroups (at the final max), then O / l.
