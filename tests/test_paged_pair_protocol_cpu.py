@@ -47,7 +47,6 @@ class Ev:
 class Model:
     n_tiles: int
     skip: frozenset = frozenset()  # mutations: step names left out
-    p0first: bool = False  # PA_PAIR_P0FIRST's order
     events: list = field(default_factory=list)
     last: dict = field(default_factory=dict)  # agent -> index of its last event
     edges: list = field(default_factory=list)
@@ -162,7 +161,7 @@ class Model:
             self.s_of("wg1", 1, HI + LO)
             self.wg_wait("wg1", 0)
         for i in range((n + 1) // 2):
-            (self.pair_p0first if self.p0first else self.pair)(i)
+            self.pair(i)
         self.epilogue()
         return self
 
@@ -233,73 +232,6 @@ class Model:
             self.s_of(w, a + 3, HI + LO)
         self.wg_wait(w, 0)
 
-    def pair_p0first(self, i: int) -> None:
-        """The pair with PA_PAIR_P0FIRST: warpgroup 0 hands P of tile a over at its own max
-        before its P V; warpgroup 1 rescales it in place and runs P V of tile a first."""
-        n, a, b = self.n_tiles, 2 * i, 2 * i + 1
-        has1, nxt0, nxt1 = b < n, a + 2 < n, a + 3 < n
-        # warpgroup 0
-        w = "wg0"
-        self.wr(w, buf(a, VALUE))  # clear_tail (conservatively every pair)
-        self.rd(w, ["MAX"])
-        self.wr(w, ["MAX", "SC0", "MU0"])
-        self.arrive(w, "SCALE0")
-        self.rd(w, ["SC0", "MU0"])  # read back after the arrive (PA_PAIR_ORDER)
-        self.wr(w, [P0])
-        self.arrive(w, "P0")
-        self.wgmma(w, buf(a, LO))  # P V of tile a, P from registers
-        if self.step("sync_scale1"):
-            self.sync(w, "SCALE1")
-        self.wg_wait(w, 0)
-        self.rd(w, ["SC1"])
-        if nxt0:
-            self.tma(w, a + 2, LO)
-        if has1:
-            if self.step("sync_pv0"):
-                self.sync(w, "PV0")
-            self.wgmma(w, ["P1"] + buf(b, LO))  # P V of tile b, P from shared memory
-        if nxt0:
-            self.s_of(w, a + 2, LO)
-        if nxt1:
-            self.wg_wait(w, 1)
-            self.tma(w, a + 3, LO)
-        if nxt0:
-            self.s_of(w, a + 2, HI)
-        self.wg_wait(w, 0)
-        # warpgroup 1
-        w = "wg1"
-        if has1:
-            self.wr(w, buf(b, VALUE))  # clear_tail
-        self.sync(w, "SCALE0")
-        self.rd(w, ["MAX", "SC0"])
-        self.wr(w, ["MAX", "SC1", "MU1"])
-        self.arrive(w, "SCALE1")
-        self.rd(w, ["SC1", "SC0", "MU1"])  # read back after the arrive (PA_PAIR_ORDER)
-        if self.step("sync_p0"):
-            self.sync(w, "P0")
-        self.rd(w, ["SC1", P0])  # P of tile a to the pair's max, in place
-        self.wr(w, [P0])
-        self.wgmma(w, [P0] + buf(a, HI[:-1]))  # P V of tile a, P from shared memory
-        if has1:
-            self.wr(w, ["P1"])
-            self.arrive(w, "PV0")
-            self.wgmma(w, buf(b, HI[:-1]))  # P V of tile b, value sub-tiles 4-7
-            self.wg_wait(w, 1 if self.step("wait_pv0r") else 2)
-            if nxt0:
-                self.tma(w, a + 2, HI)
-            if self.step("wait_pv1r"):
-                self.wg_wait(w, 0)
-            if nxt1:
-                self.tma(w, a + 3, HI)
-        else:
-            self.wg_wait(w, 0)
-        if nxt1:
-            self.s_of(w, a + 3, HI + LO)
-        self.wg_wait(w, 0)
-
-    def bars(self) -> tuple[str, ...]:
-        return ("SCALE0", "SCALE1", "P0", "PV0")
-
     # -- checks ----------------------------------------------------------------------------
     def reach(self) -> list[int]:
         """Per event, the bitset of events it happens before (itself included)."""
@@ -336,7 +268,7 @@ class Model:
                 continue
             if not (hb(e1, s2) or hb(e2, s1)):
                 out.append(f"unordered {k1}:{a1}@{s1}-{e1} and {k2}:{a2}@{s2}-{e2} on {r1}")
-        for bar in self.bars():
+        for bar in ("SCALE0", "SCALE1", "P0", "PV0"):
             arr = self.bar_log.get((bar, "arrive"), [])
             syn = self.bar_log.get((bar, "sync"), [])
             if len(arr) != len(syn):
@@ -359,17 +291,16 @@ class Model:
                 continue
             self.edges += [(fills[phase], w) for w in ws]
         # Named-barrier edges (arrive k -> sync k), then the checks.
-        for bar in self.bars():
+        for bar in ("SCALE0", "SCALE1", "P0", "PV0"):
             for x, y in zip(self.bar_log.get((bar, "arrive"), []),
                             self.bar_log.get((bar, "sync"), [])):
                 self.edges.append((x, y))
         return out + self.problems()
 
 
-@pytest.mark.parametrize("p0first", [False, True])
 @pytest.mark.parametrize("n_tiles", range(0, 10))
-def test_the_pair_protocol_orders_every_conflicting_access(n_tiles, p0first):
-    assert Model(n_tiles, p0first=p0first).build().check() == []
+def test_the_pair_protocol_orders_every_conflicting_access(n_tiles):
+    assert Model(n_tiles).build().check() == []
 
 
 @pytest.mark.parametrize("mutation, n_tiles", [
@@ -380,14 +311,3 @@ def test_the_pair_protocol_orders_every_conflicting_access(n_tiles, p0first):
 ])
 def test_the_check_finds_a_missing_order(mutation, n_tiles):
     assert Model(n_tiles, frozenset({mutation})).build().check()
-
-
-@pytest.mark.parametrize("mutation, n_tiles", [
-    ("sync_scale1", 4),      # warpgroup 0 would read the rescale before warpgroup 1 wrote it
-    ("sync_p0", 4),          # warpgroup 1 would rescale P of tile a before it is stored
-    ("sync_pv0", 4),         # warpgroup 0 would read P of tile b before it is stored
-    ("wait_pv0r", 4),        # tile a + 2's copy over P V of tile a in flight (and its P)
-    ("wait_pv1r", 6),        # tile b + 2's copy over P V of tile b in flight
-])
-def test_the_check_finds_a_missing_order_p0first(mutation, n_tiles):
-    assert Model(n_tiles, frozenset({mutation}), p0first=True).build().check()

@@ -138,31 +138,6 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 #define PA_PAIR_ORDER 1
 #endif
 
-#ifndef PA_PAIR_TMAPF
-// Lab switch: prefetch the tensor map's descriptor at the start (prefetch.tensormap).
-#define PA_PAIR_TMAPF 0
-#endif
-#ifndef PA_PAIR_K0LATE
-// Lab switch: warpgroup 0 issues the refill of tile 2i + 2's channels 0-255 after the
-// BAR_SCALE1 hand-off instead of before it.
-#define PA_PAIR_K0LATE 0
-#endif
-#ifndef PA_PAIR_P0FIRST
-// Lab switch: warpgroup 0 rescales and stores P of tile 2i while its P V of the tile runs
-// (not after it), and warpgroup 1 issues P V of tile 2i before that of tile 2i + 1: tile 2i's
-// channels 256-575, which S of tile 2i + 2 waits for, are refilled a P V earlier.
-#define PA_PAIR_P0FIRST 0
-#endif
-#ifndef PA_PAIR_TMA_SPREAD
-// Lab switch: a half tile's copies issued by lane 0 of each of the warpgroup's four warps in
-// turn (sub-tile k by warp k % 4), not all by one thread (each copy holds its warp ~90 cycles).
-#define PA_PAIR_TMA_SPREAD 0
-#endif
-#ifndef PA_PAIR_TRACE_WARP
-// Lab (PA_PAIR_TRACE): the warp of each warpgroup whose lane 0 writes the trace.
-#define PA_PAIR_TRACE_WARP 0
-#endif
-
 #ifndef PA_PAIR_FULLSYNC
 // Lab only (racecheck): every hand-off's bar.arrive becomes a bar.sync (both warpgroups wait;
 // the same order, no deadlock, slower).
@@ -294,13 +269,12 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   };
   // This warpgroup's sub-tiles of tile t (page row `row`) into buffer t & 1, by one thread.
   auto issue = [&](int t, int row) {
-    if (lane != 0 || (!PA_PAIR_TMA_SPREAD && wq != 0)) return;
+    if ((tid & 127) != 0) return;
     const int buf = t & 1;
-    if (row < 0 && wg == 0 && wq == 0) atomicOr(latch, PA_LATCH_BLOCK);
+    if (row < 0 && wg == 0) atomicOr(latch, PA_LATCH_BLOCK);
     const int y = row >= 0 ? row : cache_rows;  // past the tensor: zeros
     const unsigned dst = sbase + OFF_K + buf * T_BYTES;
     for (int sub = wg == 0 ? 0 : VBW; sub < (wg == 0 ? VBW : HB); ++sub) {
-      if (PA_PAIR_TMA_SPREAD && (sub & 3) != wq) continue;
       mbar_expect_tx(bar(buf, sub), TBLK);
       tma_load_2d(dst + sub * TBLK, &kv_map, sub * 64, y, bar(buf, sub));
     }
@@ -350,11 +324,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   if (n_tiles > 0) {
     // Launched programmatically after the write kernel (kernel.py): everything above reads
     // only inputs that kernel does not write; the latent cache waits for it to complete.
-#if PA_PAIR_TMAPF
-    if (tid == 0)
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&kv_map))
-                   : "memory");
-#endif
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
     issue(0, row0);
     if (n_tiles > 1) issue(1, row1);
@@ -591,32 +560,14 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       exp_p(s, m_use, frag, rs);
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
-#if PA_PAIR_P0FIRST
-      // P of tile 2i at this max, for warpgroup 1 (which rescales it to the pair's max).
-      store_p(sP0, frag);
-      fence_proxy_async();
-      named_bar_arrive(BAR_P0, NTHREADS);
       issue_pv_regs(frag, 0);
-      PAIR_MARK(2);
-      PAIR_MARK(3);
-      named_bar_sync(BAR_SCALE1, NTHREADS);
-      PAIR_MARK(4);
       wg_wait0();
       settle(s);
-      const float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
+      PAIR_MARK(2);
       // Tile 2i's channels 0-255 are free (its S and this P V are done).
       if (nxt0) issue(t0 + 2, row0);
-      PAIR_MARK(5);
-#else
-      issue_pv_regs(frag, 0);
-      wg_wait0();
-      settle(s);
-      PAIR_MARK(2);
-      // Tile 2i's channels 0-255 are free (its S and this P V are done).
-      if (!PA_PAIR_K0LATE && nxt0) issue(t0 + 2, row0);
       PAIR_MARK(3);
       named_bar_sync(BAR_SCALE1, NTHREADS);
-      if (PA_PAIR_K0LATE && nxt0) issue(t0 + 2, row0);
       PAIR_MARK(4);
       float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
       // P of tile 2i at the pair's max, for WG1's columns.
@@ -633,7 +584,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       c1 = sSc1[r0 + 8];
 #endif
       PAIR_MARK(5);
-#endif
       rescale(c0, c1);
       l_run[0] *= c0;
       l_run[1] *= c1;
@@ -688,51 +638,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
 #endif
       PAIR_MARK(2);
       rescale(c[0], c[1]);
-#if PA_PAIR_P0FIRST
-      named_bar_sync(BAR_P0, NTHREADS);
-      PAIR_MARK(3);
-      {
-        // P of tile 2i to the pair's max, in place: the elements warpgroup 0's thread of the
-        // same rank stored, rows r0 and r0 + 8 (their rescale is this thread's c1).
-        float k1[2] = {sSc1[r0], sSc1[r0 + 8]};
-#pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-          for (int hf = 0; hf < 2; ++hf) {
-            const int pr = r0 + 8 * hf;
-            unsigned* e = reinterpret_cast<unsigned*>(sP0 + pr * 128 + ((j ^ (pr & 7)) << 4) +
-                                                      4 * tq);
-            elem_t v[2];
-            memcpy(v, e, 4);
-            *e = N::pack2(N::to_f(v[0]) * k1[hf], N::to_f(v[1]) * k1[hf]);
-          }
-      }
-      fence_proxy_async();
-      issue_pv_smem(sbase + OFF_P0, 0);
-      PAIR_MARK(4);
-      if (has1) exp_p(s, m_use, frag, rs);  // while P V of tile 2i runs
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
-      // One straight path per case: a wgmma wait under a runtime condition makes ptxas
-      // inject its own waits.
-      if (has1) {
-        store_p(sP1, frag);
-        fence_proxy_async();
-        named_bar_arrive(BAR_PV0, NTHREADS);
-        issue_pv_regs(frag, 1);
-        PAIR_MARK(5);
-        wg_wait1();  // P V of tile 2i done: its channels 256-575 (and its P) are free
-        PAIR_MARK(6);
-        if (nxt0) issue(t0 + 2, row0);
-        PAIR_MARK(7);
-        wg_wait0();  // P V of tile 2i + 1 done: its channels 256-575 are free
-        PAIR_MARK(8);
-        if (nxt1) issue(t0 + 3, row1);
-      } else {
-        wg_wait0();  // the last pair's P V of tile 2i (no refill follows)
-      }
-      PAIR_MARK(9);
-#else
       if (has1) {
         exp_p(s, m_use, frag, rs);
         store_p(sP1, frag);
@@ -758,7 +663,6 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       PAIR_MARK(8);
       if (nxt0) issue(t0 + 2, row0);
       PAIR_MARK(9);
-#endif
       if (nxt1) {
         issue_s(s, 1, npar, 0, HB, VBW);
         PAIR_MARK(10);
@@ -814,7 +718,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     }
   }
 #if PA_PAIR_TRACE
-  if (blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 32 * PA_PAIR_TRACE_WARP)
+  if (blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 0)
 #pragma unroll
     for (int k = 0; k < 24; ++k) reinterpret_cast<unsigned*>(out)[32 * wg + k] = keep[k];
 #endif

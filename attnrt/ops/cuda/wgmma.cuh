@@ -172,21 +172,7 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 }
 // Block until the phase of parity `parity` has completed (acquire, CTA scope): the phase
 // count starts at 0, so waiting parity 0 on a fresh barrier waits for its first completion.
-#ifndef NXRT_MBAR_SUSPEND
-// Lab switch: a suspend-time hint (ns) for mbar_wait's try_wait, so a waiting warp sleeps
-// instead of re-polling (0: the hardware's default time limit).
-#define NXRT_MBAR_SUSPEND 0
-#endif
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-#if NXRT_MBAR_SUSPEND
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1, %2;\n"
-        "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-        "r"(parity), "r"(NXRT_MBAR_SUSPEND)
-        : "memory");
-#else
     asm volatile(
         "{\n.reg .pred p;\n"
         "WAIT_%=:\n"
@@ -194,7 +180,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
         "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
         "r"(parity)
         : "memory");
-#endif
 }
 // Arrive on `bar` once every cp.async this thread issued so far has landed; .noinc: the
 // arrival counts against the count given at init (one per producer thread).
