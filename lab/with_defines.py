@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Run a lab script with extra -D defines on the wgmma kernels (pair and serial; a lab switch
-such as PA_PAIR_TRACE=1 or PA_WG_EVICT=1), without touching the package:
+such as PA_PAIR_TRACE=1 or PA_PAIR_ORDER=0), without touching the package:
 
     PYTHONPATH=.:tools python lab/with_defines.py PA_PAIR_TRACE=1 lab/paged_pair_trace.py 16
 

@@ -92,16 +92,6 @@ __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int sr
                : "memory");
 }
 
-// cp_async16 with an L2 evict-first hint: for data read once (the latent cache).
-__device__ __forceinline__ void cp_async16_evict_first(unsigned dst, const void* src,
-                                                       int src_bytes) {
-  unsigned long long policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
-               "l"(src), "r"(src_bytes), "l"(policy)
-               : "memory");
-}
-
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -20,10 +20,6 @@
 //   WG0/WG1: O[:, 256 wg + (0..255)] = O * corr + P V as 16 wgmma m64n64k16 with A = P from
 //         registers (WG1 loads it with ldmatrix) and B = V (the tile's leading 512 channels).
 // WG0 owns the softmax state; WG1 only rescales. O is 64 x 256 f32 per WG = 128 registers.
-#ifndef PA_WG_EVICT
-// Lab only: the cache's cp.async copies carry an L2 evict-first hint (as the pair kernel's).
-#define PA_WG_EVICT 0
-#endif
 #include "paged_common.cuh"
 
 #ifndef PA_BF16
@@ -203,13 +199,8 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
       for (int k = 0; k < HC / 8; ++k) {
         const int c = ld_chunk + 8 * k;
         // Rows not needed or not resolvable are zero-filled (finite V) and masked below.
-#if PA_WG_EVICT
-        pa::cp_async16_evict_first(pa::smem_u32(dst_base + sw_off(r, c, TBLK)),
-                                   src_row + (ok ? c * 8 : 0), ok ? 16 : 0);
-#else
         pa::cp_async16(pa::smem_u32(dst_base + sw_off(r, c, TBLK)), src_row + (ok ? c * 8 : 0),
                        ok ? 16 : 0);
-#endif
       }
       if (ld_chunk == 0) sValid[stage * BN + r] = ok ? 1 : 0;
     }
