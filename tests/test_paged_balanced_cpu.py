@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnrt.ops._common import source
 from attnrt.ops.paged_attention import PagedAttentionConfig
 from attnrt.ops.paged_attention import plan as pp
 from tests.test_paged_plan_cpu import H200, M, geometry, kernel_model, seeded_shapes
@@ -92,6 +93,11 @@ def check(q, lengths, H, window, g, p, cfg) -> dict:
         assert tiles == list(range(km["t_lo"][x], km["t_hi"][x] + 1)), (x, got)
     # Only busy row blocks get CTAs.
     assert all(km["busy"][x] for x in seen)
+    # The pair kernel's persistent launch: CTA c takes pairs c, c + G, ..., at most
+    # PAIR_UNITS of them, and together they take every pair once.
+    G = pp.balanced_grid(p, H200.sm_count)
+    taken = [i for c in range(G) for i in range(c, len(s["ctas"]), G)[:pp.PAIR_UNITS]]
+    assert sorted(taken) == list(range(len(s["ctas"])))
     return s
 
 
@@ -140,3 +146,7 @@ def test_equal_lengths_pick_the_host_models_count():
         host = pp.choose_splits(rbs, tiles, H200.sm_count, B * H, 512, cap=p.max_chunks,
                                 path="wg", config=cfg)
         assert s["pick"] == host and set(s["k"].tolist()) == {host}, (B, H, L)
+
+
+def test_pair_units_mirrors_the_kernel():
+    assert f"constexpr int PAIR_UNITS = {pp.PAIR_UNITS};" in source("paged_mla_pair.cu")

@@ -411,10 +411,41 @@ def _wg_child(schedule: str = "serial") -> None:
             check(bad, out, cache, strict=False)
         return fn
 
+    def few_sms(rng):
+        # Balanced split-KV planned for a 4-SM device: the pair kernel's persistent CTAs take
+        # several busy pairs each, of odd and even tile counts, on the same mbarriers.
+        from dataclasses import replace
+
+        from attnrt.ops.paged_attention import plan as pp
+        from tests.test_paged_balanced_cpu import balanced
+
+        q_lens, past_lens = (1, 2, 1, 1, 1, 2, 1), (900, 61, 2500, 64, 1300, 700, 190)
+        c = make_case(rng, **{**MLA, "H": 16}, dtype=BF16, rope="half", bs=64, q_lens=q_lens,
+                      past_lens=past_lens)
+        bound = Bound(rt, c, path="wg", wg_schedule=schedule, balanced=True)
+        small = replace(rt.capabilities, sm_count=4)
+        bound.kernel._caps = lambda: small
+        try:
+            bound.execute()
+            out, cache = bound.results()
+            p = bound.kernel.last_plan
+            assert p.balanced, p
+            if schedule == "pair":
+                lengths = np.add(q_lens, past_lens)
+                pairs = balanced(np.asarray(q_lens), lengths, 16, -1, c.inputs[7].shape[1] * 64,
+                                 p.block_n, p.max_chunks, p.grid_x, bound.kernel.config,
+                                 sms=4)["ctas"]
+                assert len(pairs) > pp.balanced_grid(p, 4), (len(pairs), p)
+            check(c, out, cache)
+            rt.latch.check()
+        finally:
+            bound.free()
+
     for pdl in (True, False):
         case(f"forced-splits-prefill-pdl{int(pdl)}", forced_splits(pdl))
         case(f"out-of-range-ids-pdl{int(pdl)}", out_of_range(pdl))
     case("one-split-many-tiles", one_split)
+    case("balanced-planned-for-4-sms", few_sms)
     rt.synchronize()
     leaked = rt.memory_stats().live_bytes - before
     rt.close()

@@ -45,8 +45,12 @@ class Ev:
 
 @dataclass
 class Model:
-    n_tiles: int
+    #: Tiles of each busy pair the CTA takes in turn (a balanced launch runs several, with
+    #: the same mbarriers, their phases counted on); None: a pair without rows (skipped).
+    units: tuple
     skip: frozenset = frozenset()  # mutations: step names left out
+    n_tiles: int = 0  # of the pair being transcribed
+    base: list = field(default_factory=lambda: [0, 0])  # fills of each buffer so far
     events: list = field(default_factory=list)
     last: dict = field(default_factory=dict)  # agent -> index of its last event
     edges: list = field(default_factory=list)
@@ -101,7 +105,7 @@ class Model:
         i = self.add(a, "issue_tma")
         for s in subs:
             key = f"B{t & 1}[{s}]"
-            phase = t // 2
+            phase = self.base[t & 1] + t // 2
             self.phase_issue[(key, phase)] = i
             d = len(self.events)
             self.events.append(Ev("tma", "tma_done", key, d))
@@ -112,7 +116,7 @@ class Model:
     def mwait(self, a: str, t: int, subs) -> None:
         for s in subs:
             key = f"B{t & 1}[{s}]"
-            phase = t // 2
+            phase = self.base[t & 1] + t // 2
             # The edge from the copy is added in check(): the transcription writes warpgroup
             # 0's part of a pair before warpgroup 1's, whose copies it may wait for.
             self.waits.setdefault((key, phase), []).append(self.add(a, "mwait", key))
@@ -138,12 +142,29 @@ class Model:
         return name not in self.skip
 
     def build(self) -> Model:
+        for u, n in enumerate(self.units):
+            if u > 0 and self.step("loop_top_sync"):
+                self.syncthreads()  # the last pair's epilogue is done with P1 and MAX
+            # mla_rows: the row data where P of buffer 1 goes, published by its own sync.
+            self.wr("wg0", ["P1"])
+            self.syncthreads()
+            if n is None:
+                continue  # no rows: the next pair
+            self.n_tiles = n
+            self.unit()
+            self.base[0] += (n + 1) // 2
+            self.base[1] += n // 2
+        return self
+
+    def unit(self) -> None:
         n = self.n_tiles
+        self.rd("wg0", ["P1"])  # each thread's rows, Q's source rows
+        self.rd("wg1", ["P1"])
         self.wr("wg0", ["MAX"])  # sMax = -inf
-        self.syncthreads()  # mbarriers initialised
+        self.syncthreads()  # mbarriers initialised (the first pair), sMax set
         if n == 0:  # no tile: straight to the epilogue
             self.epilogue()
-            return self
+            return
         self.tma("wg0", 0, LO)
         self.tma("wg1", 0, HI)
         if n > 1:
@@ -153,6 +174,7 @@ class Model:
         # stands for them), each step closed by __syncthreads.
         self.wr("wg0", ["Q"])
         self.syncthreads()
+        self.rd("wg0", ["P1"])  # RoPE reads each row's position
         self.wr("wg0", ["Q"])
         self.syncthreads()
         self.s_of("wg0", 0, tuple(range(HB)))
@@ -163,7 +185,6 @@ class Model:
         for i in range((n + 1) // 2):
             self.pair(i)
         self.epilogue()
-        return self
 
     def epilogue(self) -> None:
         self.syncthreads()  # the row sums go where P of buffer 1 was (disjoint halves)
@@ -300,14 +321,27 @@ class Model:
 
 @pytest.mark.parametrize("n_tiles", range(0, 10))
 def test_the_pair_protocol_orders_every_conflicting_access(n_tiles):
-    assert Model(n_tiles).build().check() == []
+    assert Model((n_tiles,)).build().check() == []
 
 
-@pytest.mark.parametrize("mutation, n_tiles", [
-    ("sync_scale1", 4),      # warpgroup 0 would read the rescale before warpgroup 1 wrote it
-    ("sync_pv0", 4),         # warpgroup 0 would read P of tile b before it is stored
-    ("wait_pv0r", 4),        # tile a + 2's copy over the value sub-tiles still being read
-    ("wait_pv1r", 6),        # tile b + 2's copy over P V of tile b in flight
+@pytest.mark.parametrize("units", [(3, 5), (4, 4), (1, None, 2), (0, 7, 1, 6), (5, 3, 4, 2)])
+def test_pairs_run_one_after_another_on_the_same_mbarriers(units):
+    assert Model(units).build().check() == []
+
+
+@pytest.mark.parametrize("mutation, units", [
+    ("sync_scale1", (4,)),      # warpgroup 0 would read the rescale before warpgroup 1 wrote it
+    ("sync_pv0", (4,)),         # warpgroup 0 would read P of tile b before it is stored
+    ("wait_pv0r", (4,)),        # tile a + 2's copy over the value sub-tiles still being read
+    ("wait_pv1r", (6,)),        # tile b + 2's copy over P V of tile b in flight
+    ("loop_top_sync", (3, 2)),  # the next pair's row data over the last one's row sums
 ])
-def test_the_check_finds_a_missing_order(mutation, n_tiles):
-    assert Model(n_tiles, frozenset({mutation})).build().check()
+def test_the_check_finds_a_missing_order(mutation, units):
+    assert Model(units, frozenset({mutation})).build().check()
+
+
+def test_the_check_counts_phases_across_pairs():
+    # Waiting on each pair's buffers as if its phases started at 0 would wait on a phase
+    # the first pair's copies completed: the transcription must carry the count over.
+    m = Model((3, 2)).build()
+    assert {ph for (_, ph) in m.waits} == {0, 1, 2}

@@ -252,7 +252,14 @@ struct Sched {
   int t_end;  // one past its last tile
 };
 
-__device__ __forceinline__ Sched balanced_sched(
+// The launch's chunk length and busy-pair count; the per-sequence tables stay in scratch
+// for balanced_unit (until the scratch is reused).
+struct SchedPlan {
+  int C;      // chunk length in tiles
+  int total;  // busy (row block, chunk) pairs
+};
+
+__device__ __forceinline__ SchedPlan balanced_plan(
     const int* __restrict__ cu, const int* __restrict__ past, int n_tokens, int H, int B, int M,
     int bn, int key_cap, int window, int max_splits, int sms, float tile_us, float pro_us,
     float part_us, float comb_us, float comb_rate, int vhs, int* scratch) {
@@ -350,9 +357,19 @@ __device__ __forceinline__ Sched balanced_sched(
   }
   if (tid == blockDim.x - 1) sPre[B] = acc;
   __syncthreads();
+  return SchedPlan{C, sPre[B]};
+}
+
+// The i-th busy (row block, chunk) pair of the plan (x = -1 past the last).
+__device__ __forceinline__ Sched balanced_unit(long long i, SchedPlan sp,
+                                               const int* __restrict__ cu, int H, int B, int M,
+                                               const int* scratch) {
+  const int* sN = scratch;
+  const int* sT0 = sN + 2 * (B + 1);
+  const int* sPre = sN + 3 * (B + 1);
+  const int C = sp.C;
   Sched r{-1, 0, 0, 0, 0};
-  const long long i = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-  if (i >= sPre[B]) return r;
+  if (i >= sp.total) return r;
   int lo = 0, hi = B - 1, b = 0;  // the last b with sPre[b] <= i (and rb_b > 0)
   while (lo <= hi) {
     const int mid = (lo + hi) >> 1;
@@ -372,6 +389,18 @@ __device__ __forceinline__ Sched balanced_sched(
   r.t_lo = sT0[b] + r.chunk * C;
   r.t_end = r.t_lo + C;
   return r;
+}
+
+// This CTA's pair (linear index y * gridDim.x + x) of balanced_plan.
+__device__ __forceinline__ Sched balanced_sched(
+    const int* __restrict__ cu, const int* __restrict__ past, int n_tokens, int H, int B, int M,
+    int bn, int key_cap, int window, int max_splits, int sms, float tile_us, float pro_us,
+    float part_us, float comb_us, float comb_rate, int vhs, int* scratch) {
+  const SchedPlan sp = balanced_plan(cu, past, n_tokens, H, B, M, bn, key_cap, window,
+                                     max_splits, sms, tile_us, pro_us, part_us, comb_us,
+                                     comb_rate, vhs, scratch);
+  return balanced_unit((long long)blockIdx.y * gridDim.x + blockIdx.x, sp, cu, H, B, M,
+                       scratch);
 }
 
 // Channel d of a head row (x points at the row) after partial RoPE at absolute position pos;

@@ -97,6 +97,8 @@ constexpr int OFF_MU = OFF_SC1 + M * 4;          // float[2][M] each warpgroup's
 constexpr int OFF_BAR = OFF_MU + 2 * M * 4;      // u64[2][HB] sub-tile mbarriers
 constexpr int SMEM_USED = OFF_BAR + 2 * HB * 8;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
+// Busy pairs one CTA of a balanced launch takes at most (kernel.py: plan.PAIR_UNITS).
+constexpr int PAIR_UNITS = 8;
 static_assert(OFF_K % 1024 == 0 && OFF_P1 % 1024 == 0 && T_BYTES % 1024 == 0 &&
               OFF_BAR % 8 == 0, "swizzle atoms 1024-byte, mbarriers 8-byte aligned");
 
@@ -209,517 +211,543 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   // Warp-uniform (a shuffle from lane 0), so ptxas keeps the wgmma of each branch pipelined.
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wq = warp & 3;
   const int g = lane >> 2, tq = lane & 3;
-  int x = blockIdx.x;
-  int split = blockIdx.y, n_split = num_splits;
-  pa::Sched sc{0, 0, 0, 0, 0};
+  // Balanced split-KV runs persistently (kernel.py sizes the grid): the CTA takes the busy
+  // (row block, chunk) pairs first, first + stride, ... of the device schedule, at most
+  // PAIR_UNITS, one after the other with the same mbarriers; otherwise one pair, its own.
+  // docs/notes/paged_attention.md#balanced-splits
+  __shared__ pa::Sched sUnits[PAIR_UNITS];
+  int n_units = 1;
   if (ws_cnt != nullptr) {
-    sc = pa::balanced_sched(cu, past, n_tokens, H, B, M, BN, max_blocks * block_size, window,
-                            num_splits, sms, tile_us, pro_us, part_us, comb_us, comb_rate, VHS,
-                            reinterpret_cast<int*>(smem + OFF_K));
-    if (sc.x < 0) return;  // surplus CTA (uniform)
-    x = sc.x;
-    split = sc.chunk;
-    n_split = sc.k;
+    int* scratch = reinterpret_cast<int*>(smem + OFF_K);
+    const pa::SchedPlan sp =
+        pa::balanced_plan(cu, past, n_tokens, H, B, M, BN, max_blocks * block_size, window,
+                          num_splits, sms, tile_us, pro_us, part_us, comb_us, comb_rate, VHS,
+                          scratch);
+    const long long first = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    const long long stride = (long long)gridDim.x * gridDim.y;
+    if (tid < PAIR_UNITS)
+      sUnits[tid] = pa::balanced_unit(first + tid * stride, sp, cu, H, B, M, scratch);
+    n_units = first < sp.total
+                  ? (int)min((long long)PAIR_UNITS, (sp.total - first + stride - 1) / stride)
+                  : 0;
+    __syncthreads();  // sUnits written, the scratch (tile buffers) read
   }
-
-  int key_lo, key_hi;
-  const int b = pa::mla_rows<M>(cu, past, latch, n_tokens, H, B, x, max_blocks, block_size,
-                                max_pos, do_rotary, window, sMisc, sRowP, sRowLo, sRowOut,
-                                key_lo, key_hi);
-  if (b < 0) return;  // surplus CTA (uniform)
-  int tile_begin, n_tiles;
-  if (ws_cnt != nullptr) {
-    tile_begin = max(sc.t_lo, key_lo / BN);
-    n_tiles = key_hi >= key_lo ? max(0, min(sc.t_end, key_hi / BN + 1) - tile_begin) : 0;
-  } else {
-    pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
-  }
-  n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
-
-  // This thread's two rows in the wgmma accumulator layout (the same in both warpgroups),
-  // read before the row data's buffer is reused for P.
-  int my_p[2], my_lo[2], my_out[2];
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    my_p[hf] = sRowP[16 * wq + g + 8 * hf];
-    my_lo[hf] = sRowLo[16 * wq + g + 8 * hf];
-    my_out[hf] = sRowOut[16 * wq + g + 8 * hf];
-  }
-#if PA_PAIR_FASTMASK
-  // The keys every output row of this thread reads (padding rows read anything).
-  int keys_lo = -0x7fffffff - 1, keys_hi = 0x7fffffff;
-#pragma unroll
-  for (int hf = 0; hf < 2; ++hf)
-    if (my_out[hf] >= 0) {
-      keys_lo = max(keys_lo, my_lo[hf]);
-      keys_hi = min(keys_hi, my_p[hf]);
-    }
-#endif
-
-  // ---- Loads: TMA boxes of kv_map (the cache as [rows, HS]), one mbarrier per sub-tile.
-  const int* bt_row = block_table + (long long)b * max_blocks;
-  const int cache_rows = num_blocks * block_size;
-  // The cache row of tile t's first key (its page holds the whole tile), or -1 when the
-  // block id is out of range.
-  auto page_row = [&](int t) {
-    const int j = (tile_begin + t) * BN;
-    const int blk = j / block_size;
-    const int phys = blk < max_blocks ? __ldg(bt_row + blk) : -1;
-    return (phys >= 0 && phys < num_blocks) ? phys * block_size + (j & (block_size - 1)) : -1;
-  };
-  // This warpgroup's sub-tiles of tile t (page row `row`) into buffer t & 1, by one thread.
-  auto issue = [&](int t, int row) {
-    if ((tid & 127) != 0) return;
-    const int buf = t & 1;
-    if (row < 0 && wg == 0) atomicOr(latch, PA_LATCH_BLOCK);
-    const int y = row >= 0 ? row : cache_rows;  // past the tensor: zeros
-    const unsigned dst = sbase + OFF_K + buf * T_BYTES;
-    for (int sub = wg == 0 ? 0 : VBW; sub < (wg == 0 ? VBW : HB); ++sub) {
-      mbar_expect_tx(bar(buf, sub), TBLK);
-      tma_load_2d(dst + sub * TBLK, &kv_map, sub * 64, y, bar(buf, sub));
-    }
-  };
-  // Rows of tile t past the last key any row of this CTA reads, cleared in the value
-  // channels (by the warpgroup that ran S of the tile, so its loads have landed).
-  auto clear_tail = [&](int t) {
-    const int first = key_hi + 1 - (tile_begin + t) * BN;
-    if (first >= BN) return;
-    unsigned char* base = smem + OFF_K + (t & 1) * T_BYTES;
-    for (int idx = tid & 127; idx < (BN - first) * (VHS / 8); idx += 128) {
-      const int r = first + idx / (VHS / 8), c = idx % (VHS / 8);
-      *reinterpret_cast<uint4*>(base + sw_off(r, c, TBLK)) = make_uint4(0u, 0u, 0u, 0u);
-    }
-    fence_proxy_async();
-  };
-
-  float o[VBW][32];
-#pragma unroll
-  for (int q = 0; q < VBW; ++q)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) o[q][i] = 0.0f;
-  float l_run[2] = {0.0f, 0.0f};  // this warpgroup's share of the row sums, at sMax
-
-  if (tid < M) sMax[tid] = PA_NEG_INF;
   if (tid == 0) {
 #pragma unroll
     for (int buf = 0; buf < 2; ++buf)
 #pragma unroll
       for (int sub = 0; sub < HB; ++sub) mbar_init(bar(buf, sub), 1);
   }
-  int row0 = 0, row1 = 0;  // page rows of the pair's tiles (then of the next pair's)
-  if (n_tiles > 0) {
-    // Q rows (zero for rows past the sequence) as one cp.async group.
-    for (int idx = tid; idx < M * (HS / 8); idx += NTHREADS) {
-      const int r = idx / (HS / 8), c = idx - r * (HS / 8);
-      const int orow = sRowOut[r];
-      const bool ok = orow >= 0;
-      pa::cp_async16(pa::smem_u32(sQ + sw_off(r, c, QBLK)),
-                     ok ? query + (long long)orow * HS + c * 8 : query, ok ? 16 : 0);
+  // Parity of each buffer's next mbarrier phase: a pair fills buffer 0 ceil(n / 2) times
+  // and buffer 1 floor(n / 2) times, every fill waited on within the pair.
+  unsigned ph0 = 0, ph1 = 0;
+  for (int u = 0; u < n_units; ++u) {
+    int x = blockIdx.x;
+    int split = blockIdx.y, n_split = num_splits;
+    pa::Sched sc{0, 0, 0, 0, 0};
+    if (ws_cnt != nullptr) {
+      sc = sUnits[u];
+      x = sc.x;
+      split = sc.chunk;
+      n_split = sc.k;
     }
-    pa::cp_async_commit();
-    row0 = page_row(0);
-    if (n_tiles > 1) row1 = page_row(1);
-  }
-  __syncthreads();  // mbarriers initialised, sMax set
-  if (n_tiles > 0) {
-    // Launched programmatically after the write kernel (kernel.py): everything above reads
-    // only inputs that kernel does not write; the latent cache waits for it to complete.
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    issue(0, row0);
-    if (n_tiles > 1) issue(1, row1);
-    pa::cp_async_wait_all();  // Q
-    fence_proxy_async();
-    __syncthreads();
-    if (do_rotary) {
-      const int half = rd >> 1;
-      for (int idx = tid; idx < M * half; idx += NTHREADS) {
-        const int r = idx / half, i = idx - r * half;
-        const int p = sRowP[r];
-        if (p < 0) continue;
-        const int d1 = interleaved ? off + 2 * i : off + i;
-        const int d2 = interleaved ? d1 + 1 : d1 + half;
-        elem_t* e1 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d1 >> 3, QBLK)) + (d1 & 7);
-        elem_t* e2 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d2 >> 3, QBLK)) + (d2 & 7);
-        const float cs = N::to_f(cos_c[(long long)p * half + i]);
-        const float sn = N::to_f(sin_c[(long long)p * half + i]);
-        const float x1 = N::to_f(*e1), x2 = N::to_f(*e2);
-        *e1 = N::from_f(x1 * cs - x2 * sn);
-        *e2 = N::from_f(x2 * cs + x1 * sn);
+    if (u > 0) __syncthreads();  // the last pair's epilogue read its row sums where mla_rows writes
+
+    int key_lo, key_hi;
+    const int b = pa::mla_rows<M>(cu, past, latch, n_tokens, H, B, x, max_blocks, block_size,
+                                  max_pos, do_rotary, window, sMisc, sRowP, sRowLo, sRowOut,
+                                  key_lo, key_hi);
+    if (b < 0) continue;  // surplus pair (uniform)
+    int tile_begin, n_tiles;
+    if (ws_cnt != nullptr) {
+      tile_begin = max(sc.t_lo, key_lo / BN);
+      n_tiles = key_hi >= key_lo ? max(0, min(sc.t_end, key_hi / BN + 1) - tile_begin) : 0;
+    } else {
+      pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
+    }
+    n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
+
+    // This thread's two rows in the wgmma accumulator layout (the same in both warpgroups),
+    // read before the row data's buffer is reused for P.
+    int my_p[2], my_lo[2], my_out[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      my_p[hf] = sRowP[16 * wq + g + 8 * hf];
+      my_lo[hf] = sRowLo[16 * wq + g + 8 * hf];
+      my_out[hf] = sRowOut[16 * wq + g + 8 * hf];
+    }
+#if PA_PAIR_FASTMASK
+    // The keys every output row of this thread reads (padding rows read anything).
+    int keys_lo = -0x7fffffff - 1, keys_hi = 0x7fffffff;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+      if (my_out[hf] >= 0) {
+        keys_lo = max(keys_lo, my_lo[hf]);
+        keys_hi = min(keys_hi, my_p[hf]);
+      }
+#endif
+
+    // ---- Loads: TMA boxes of kv_map (the cache as [rows, HS]), one mbarrier per sub-tile.
+    const int* bt_row = block_table + (long long)b * max_blocks;
+    const int cache_rows = num_blocks * block_size;
+    // The cache row of tile t's first key (its page holds the whole tile), or -1 when the
+    // block id is out of range.
+    auto page_row = [&](int t) {
+      const int j = (tile_begin + t) * BN;
+      const int blk = j / block_size;
+      const int phys = blk < max_blocks ? __ldg(bt_row + blk) : -1;
+      return (phys >= 0 && phys < num_blocks) ? phys * block_size + (j & (block_size - 1)) : -1;
+    };
+    // This warpgroup's sub-tiles of tile t (page row `row`) into buffer t & 1, by one thread.
+    auto issue = [&](int t, int row) {
+      if ((tid & 127) != 0) return;
+      const int buf = t & 1;
+      if (row < 0 && wg == 0) atomicOr(latch, PA_LATCH_BLOCK);
+      const int y = row >= 0 ? row : cache_rows;  // past the tensor: zeros
+      const unsigned dst = sbase + OFF_K + buf * T_BYTES;
+      for (int sub = wg == 0 ? 0 : VBW; sub < (wg == 0 ? VBW : HB); ++sub) {
+        mbar_expect_tx(bar(buf, sub), TBLK);
+        tma_load_2d(dst + sub * TBLK, &kv_map, sub * 64, y, bar(buf, sub));
+      }
+    };
+    // Rows of tile t past the last key any row of this CTA reads, cleared in the value
+    // channels (by the warpgroup that ran S of the tile, so its loads have landed).
+    auto clear_tail = [&](int t) {
+      const int first = key_hi + 1 - (tile_begin + t) * BN;
+      if (first >= BN) return;
+      unsigned char* base = smem + OFF_K + (t & 1) * T_BYTES;
+      for (int idx = tid & 127; idx < (BN - first) * (VHS / 8); idx += 128) {
+        const int r = first + idx / (VHS / 8), c = idx % (VHS / 8);
+        *reinterpret_cast<uint4*>(base + sw_off(r, c, TBLK)) = make_uint4(0u, 0u, 0u, 0u);
       }
       fence_proxy_async();
-      __syncthreads();
-    }
-  }
+    };
 
-  const float sl2 = scale * PA_LOG2E;
-#if PA_SOFTCAP
-  const float cap_in = scale / softcap;  // softcap > 0 here (kernel.py)
-#endif
-  // S values as mask_s leaves them: x, with the log2-domain score x * kx.
-#if PA_SOFTCAP || !PA_PAIR_RAWMAX
-  const float kx = 1.0f;
-#else
-  const float kx = sl2;
-#endif
-  // The score of raw S value v before the mask (log2 domain up to the factor kx).
-  auto score = [&](float v) {
-#if PA_SOFTCAP
-    return softcap > 0.0f ? softcap * tanhf(v * cap_in) * PA_LOG2E : v * sl2;
-#elif PA_PAIR_RAWMAX
-    return v;
-#else
-    return v * sl2;
-#endif
-  };
-  // S (64 x BN) of the tile in buffer `buf` over sub-tiles (k + rot) % HB for k in
-  // [from, to), waiting on each sub-tile's mbarrier (phase parity `par`) just before its
-  // MMAs; k == 0 overwrites s. Issued and committed as one wgmma group. WG1 starts at its
-  // own sub-tiles (rot = VBW): they were refilled before WG0's.
-  auto issue_s = [&](float (&s)[BN / 2], int buf, unsigned par, int from, int to, int rot) {
-    const unsigned kb = sbase + OFF_K + buf * T_BYTES;
-    fence_regs(s);
+    float o[VBW][32];
 #pragma unroll
-    for (int k = 0; k < HB; ++k) {
-      if (k < from || k >= to) continue;
-      const int sub = (k + rot) % HB;
-      mbar_wait(bar(buf, sub), par);
-      if (k == from) wg_fence();
+    for (int q = 0; q < VBW; ++q)
 #pragma unroll
-      for (int kq = 0; kq < 4; ++kq) {
-        wg_ss(s, desc_sw128(sbase + sub * QBLK + kq * 32, 16, 1024),
-              desc_sw128(kb + sub * TBLK + kq * 32, 16, 1024), (k > 0 || kq > 0) ? 1 : 0);
+      for (int i = 0; i < 32; ++i) o[q][i] = 0.0f;
+    float l_run[2] = {0.0f, 0.0f};  // this warpgroup's share of the row sums, at sMax
+
+    if (tid < M) sMax[tid] = PA_NEG_INF;
+    int row0 = 0, row1 = 0;  // page rows of the pair's tiles (then of the next pair's)
+    if (n_tiles > 0) {
+      // Q rows (zero for rows past the sequence) as one cp.async group.
+      for (int idx = tid; idx < M * (HS / 8); idx += NTHREADS) {
+        const int r = idx / (HS / 8), c = idx - r * (HS / 8);
+        const int orow = sRowOut[r];
+        const bool ok = orow >= 0;
+        pa::cp_async16(pa::smem_u32(sQ + sw_off(r, c, QBLK)),
+                       ok ? query + (long long)orow * HS + c * 8 : query, ok ? 16 : 0);
+      }
+      pa::cp_async_commit();
+      row0 = page_row(0);
+      if (n_tiles > 1) row1 = page_row(1);
+    }
+    __syncthreads();  // mbarriers initialised, sMax set
+    if (n_tiles > 0) {
+      // Launched programmatically after the write kernel (kernel.py): everything above reads
+      // only inputs that kernel does not write; the latent cache waits for it to complete.
+      asm volatile("griddepcontrol.wait;\n" ::: "memory");
+      issue(0, row0);
+      if (n_tiles > 1) issue(1, row1);
+      pa::cp_async_wait_all();  // Q
+      fence_proxy_async();
+      __syncthreads();
+      if (do_rotary) {
+        const int half = rd >> 1;
+        for (int idx = tid; idx < M * half; idx += NTHREADS) {
+          const int r = idx / half, i = idx - r * half;
+          const int p = sRowP[r];
+          if (p < 0) continue;
+          const int d1 = interleaved ? off + 2 * i : off + i;
+          const int d2 = interleaved ? d1 + 1 : d1 + half;
+          elem_t* e1 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d1 >> 3, QBLK)) + (d1 & 7);
+          elem_t* e2 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d2 >> 3, QBLK)) + (d2 & 7);
+          const float cs = N::to_f(cos_c[(long long)p * half + i]);
+          const float sn = N::to_f(sin_c[(long long)p * half + i]);
+          const float x1 = N::to_f(*e1), x2 = N::to_f(*e2);
+          *e1 = N::from_f(x1 * cs - x2 * sn);
+          *e2 = N::from_f(x2 * cs + x1 * sn);
+        }
+        fence_proxy_async();
+        __syncthreads();
       }
     }
-    wg_commit();
-  };
-  // Scale, softcap and mask S of tile t (buffer t & 1) in place (score(), -inf when masked,
-  // also every key of an out-of-range block); returns the row maxima of this thread's two
-  // rows over the tile in the log2 domain.
-  auto mask_s = [&](float (&s)[BN / 2], int t, bool page_ok, float (&mx)[2]) {
-    const int key0 = (tile_begin + t) * BN;
-    mx[0] = mx[1] = PA_NEG_INF;
+
+    const float sl2 = scale * PA_LOG2E;
+#if PA_SOFTCAP
+    const float cap_in = scale / softcap;  // softcap > 0 here (kernel.py)
+#endif
+    // S values as mask_s leaves them: x, with the log2-domain score x * kx.
+#if PA_SOFTCAP || !PA_PAIR_RAWMAX
+    const float kx = 1.0f;
+#else
+    const float kx = sl2;
+#endif
+    // The score of raw S value v before the mask (log2 domain up to the factor kx).
+    auto score = [&](float v) {
+#if PA_SOFTCAP
+      return softcap > 0.0f ? softcap * tanhf(v * cap_in) * PA_LOG2E : v * sl2;
+#elif PA_PAIR_RAWMAX
+      return v;
+#else
+      return v * sl2;
+#endif
+    };
+    // S (64 x BN) of the tile in buffer `buf` over sub-tiles (k + rot) % HB for k in
+    // [from, to), waiting on each sub-tile's mbarrier (phase parity `par`) just before its
+    // MMAs; k == 0 overwrites s. Issued and committed as one wgmma group. WG1 starts at its
+    // own sub-tiles (rot = VBW): they were refilled before WG0's.
+    auto issue_s = [&](float (&s)[BN / 2], int buf, unsigned par, int from, int to, int rot) {
+      const unsigned kb = sbase + OFF_K + buf * T_BYTES;
+      fence_regs(s);
+#pragma unroll
+      for (int k = 0; k < HB; ++k) {
+        if (k < from || k >= to) continue;
+        const int sub = (k + rot) % HB;
+        mbar_wait(bar(buf, sub), par);
+        if (k == from) wg_fence();
+#pragma unroll
+        for (int kq = 0; kq < 4; ++kq) {
+          wg_ss(s, desc_sw128(sbase + sub * QBLK + kq * 32, 16, 1024),
+                desc_sw128(kb + sub * TBLK + kq * 32, 16, 1024), (k > 0 || kq > 0) ? 1 : 0);
+        }
+      }
+      wg_commit();
+    };
+    // Scale, softcap and mask S of tile t (buffer t & 1) in place (score(), -inf when masked,
+    // also every key of an out-of-range block); returns the row maxima of this thread's two
+    // rows over the tile in the log2 domain.
+    auto mask_s = [&](float (&s)[BN / 2], int t, bool page_ok, float (&mx)[2]) {
+      const int key0 = (tile_begin + t) * BN;
+      mx[0] = mx[1] = PA_NEG_INF;
 #if PA_PAIR_FASTMASK
-    if (page_ok && key0 >= keys_lo && key0 + BN - 1 <= keys_hi) {  // nothing to mask
+      if (page_ok && key0 >= keys_lo && key0 + BN - 1 <= keys_hi) {  // nothing to mask
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float v = score(s[4 * j + e]);
+            s[4 * j + e] = v;
+            mx[e >> 1] = fmaxf(mx[e >> 1], v);
+          }
+      } else
+#endif
+      {
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float v = score(s[4 * j + e]);
+          const int hf = e >> 1;
+          const int kl = 8 * j + 2 * tq + (e & 1);
+          const int jj = key0 + kl;
+          const bool ok = page_ok && jj >= my_lo[hf] && jj <= my_p[hf];
+          const float v = ok ? score(s[4 * j + e]) : PA_NEG_INF;
           s[4 * j + e] = v;
-          mx[e >> 1] = fmaxf(mx[e >> 1], v);
-        }
-    } else
-#endif
-    {
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int hf = e >> 1;
-        const int kl = 8 * j + 2 * tq + (e & 1);
-        const int jj = key0 + kl;
-        const bool ok = page_ok && jj >= my_lo[hf] && jj <= my_p[hf];
-        const float v = ok ? score(s[4 * j + e]) : PA_NEG_INF;
-        s[4 * j + e] = v;
-        mx[hf] = fmaxf(mx[hf], v);
-      }
-    }
-#pragma unroll
-    for (int hf = 0; hf < 2; ++hf) {
-      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-      mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2)) * kx;
-    }
-  };
-  // P = 2^(s kx - m) in place (s masked, m finite or 0), its A fragments (row g: regs 0/2, row
-  // g + 8: regs 1/3) and this thread's part of the row sums.
-  auto exp_p = [&](float (&s)[BN / 2], const float (&m)[2], unsigned (&frag)[KS][4],
-                   float (&rs)[2]) {
-    rs[0] = rs[1] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[4 * j + e] = ex2_ftz(fmaf(s[4 * j + e], kx, -m[e >> 1]));
-        rs[e >> 1] += s[4 * j + e];
-      }
-      frag[j >> 1][2 * (j & 1) + 0] = N::pack2(s[4 * j + 0], s[4 * j + 1]);
-      frag[j >> 1][2 * (j & 1) + 1] = N::pack2(s[4 * j + 2], s[4 * j + 3]);
-    }
-  };
-  // P fragments into a swizzled [M][BN] shared-memory array (the A operand of P V there).
-  auto store_p = [&](unsigned char* sp, const unsigned (&frag)[KS][4]) {
-    const int r0 = 16 * wq + g;
-#pragma unroll
-    for (int j = 0; j < BN / 8; ++j) {
-      *reinterpret_cast<unsigned*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + 4 * tq) =
-          frag[j >> 1][2 * (j & 1) + 0];
-      *reinterpret_cast<unsigned*>(sp + (r0 + 8) * 128 + ((j ^ ((r0 + 8) & 7)) << 4) + 4 * tq) =
-          frag[j >> 1][2 * (j & 1) + 1];
-    }
-  };
-  auto rescale = [&](float c0, float c1) {
-#pragma unroll
-    for (int q = 0; q < VBW; ++q)
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        o[q][4 * j + 0] *= c0;
-        o[q][4 * j + 1] *= c0;
-        o[q][4 * j + 2] *= c1;
-        o[q][4 * j + 3] *= c1;
-      }
-  };
-  // O += P V over this warpgroup's value columns of buffer `buf`, issued and committed: P
-  // from registers (this warpgroup's tile) or from shared memory at `sp` (the other's).
-  // Two functions, not one with a branch: a wgmma under a runtime branch is serialized.
-  auto pv_fence = [&]() {
-#pragma unroll
-    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
-    wg_fence();
-  };
-  auto issue_pv_regs = [&](const unsigned (&frag)[KS][4], int buf) {
-    const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
-    pv_fence();
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
-      wg_rs256(o, frag[kk], desc_sw128(vb + kk * (16 * 128), TBLK, 1024));
-    wg_commit();
-  };
-  auto issue_pv_smem = [&](unsigned sp, int buf) {
-    const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
-    pv_fence();
-#pragma unroll
-    for (int kk = 0; kk < KS; ++kk)
-      wg_ss256(o, desc_sw128(sp + kk * 32, 16, 1024),
-               desc_sw128(vb + kk * (16 * 128), TBLK, 1024));
-    wg_commit();
-  };
-  auto settle = [&](float (&s)[BN / 2]) {
-    fence_regs(s);
-#pragma unroll
-    for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
-  };
-
-  const int r0 = 16 * wq + g;
-  float s[BN / 2];
-  unsigned frag[KS][4];
-  if (n_tiles > 0) {
-    if (wg == 0) {
-      issue_s(s, 0, 0, 0, HB, 0);
-      wg_wait0();
-    } else if (n_tiles > 1) {
-      issue_s(s, 1, 0, 0, HB, VBW);
-      wg_wait0();
-    }
-    settle(s);
-  }
-  const int n_pairs = (n_tiles + 1) >> 1;
-#if PA_PAIR_TRACE
-  unsigned keep[24] = {0};
-#endif
-  for (int i = 0; i < n_pairs; ++i) {
-#if PA_PAIR_TRACE
-    const bool trace_a = i == n_pairs - 4, trace_b = i == n_pairs - 3;
-#endif
-    const int t0 = 2 * i;
-    const bool has1 = t0 + 1 < n_tiles, nxt0 = t0 + 2 < n_tiles, nxt1 = t0 + 3 < n_tiles;
-    const unsigned npar = (i + 1) & 1;  // phase of the buffers' next fill
-    const bool ok0 = row0 >= 0, ok1 = row1 >= 0;
-    if (nxt0) row0 = page_row(t0 + 2);
-    if (nxt1) row1 = page_row(t0 + 3);
-    PAIR_MARK(0);
-    if (wg == 0) {
-      // Tile 2i: raise the row max, publish it with the rescale of everything before.
-      float mx[2], m_use[2], c[2], rs[2];
-      clear_tail(t0);
-      mask_s(s, t0, ok0, mx);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float old = sMax[r0 + 8 * hf];
-        const float m_new = fmaxf(old, mx[hf]);
-        // No key yet: keep -inf in sMax and use 0 here, so no (-inf) - (-inf) appears.
-        m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
-        c[hf] = ex2_ftz(old - m_use[hf]);
-        __syncwarp();  // the quad's reads of sMax before its write
-        if (tq == 0) {
-          sMax[r0 + 8 * hf] = m_new;
-          sSc0[r0 + 8 * hf] = c[hf];
-          sMu[r0 + 8 * hf] = m_use[hf];
+          mx[hf] = fmaxf(mx[hf], v);
         }
       }
-      named_bar_arrive(BAR_SCALE0, NTHREADS);
-#if PA_PAIR_ORDER
-      __syncwarp();
 #pragma unroll
       for (int hf = 0; hf < 2; ++hf) {
-        c[hf] = sSc0[r0 + 8 * hf];
-        m_use[hf] = sMu[r0 + 8 * hf];
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2)) * kx;
       }
-#endif
-      PAIR_MARK(1);
-      rescale(c[0], c[1]);
-      exp_p(s, m_use, frag, rs);
-#pragma unroll
-      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
-      issue_pv_regs(frag, 0);
-      wg_wait0();
-      settle(s);
-      PAIR_MARK(2);
-      // Tile 2i's channels 0-255 are free (its S and this P V are done).
-      if (nxt0) issue(t0 + 2, row0);
-      PAIR_MARK(3);
-      named_bar_sync(BAR_SCALE1, NTHREADS);
-      PAIR_MARK(4);
-      float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
-      // P of tile 2i at the pair's max, for WG1's columns.
+    };
+    // P = 2^(s kx - m) in place (s masked, m finite or 0), its A fragments (row g: regs 0/2, row
+    // g + 8: regs 1/3) and this thread's part of the row sums.
+    auto exp_p = [&](float (&s)[BN / 2], const float (&m)[2], unsigned (&frag)[KS][4],
+                     float (&rs)[2]) {
+      rs[0] = rs[1] = 0.0f;
 #pragma unroll
       for (int j = 0; j < BN / 8; ++j) {
-        frag[j >> 1][2 * (j & 1) + 0] = N::pack2(s[4 * j + 0] * c0, s[4 * j + 1] * c0);
-        frag[j >> 1][2 * (j & 1) + 1] = N::pack2(s[4 * j + 2] * c1, s[4 * j + 3] * c1);
-      }
-      store_p(sP0, frag);
-      fence_proxy_async();
-      named_bar_arrive(BAR_P0, NTHREADS);
-#if PA_PAIR_ORDER
-      c0 = sSc1[r0];
-      c1 = sSc1[r0 + 8];
-#endif
-      PAIR_MARK(5);
-      rescale(c0, c1);
-      l_run[0] *= c0;
-      l_run[1] *= c1;
-      if (has1) {
-        named_bar_sync(BAR_PV0, NTHREADS);
-        PAIR_MARK(6);
-        fence_proxy_async();
-        issue_pv_smem(sbase + OFF_P1, 1);
-      }
-      if (nxt0) issue_s(s, 0, npar, 0, VBW, 0);
-      PAIR_MARK(7);
-      if (nxt1) {
-        wg_wait1();  // P V of tile 2i + 1 done: its channels 0-255 are free
-        PAIR_MARK(8);
-        issue(t0 + 3, row1);
-      }
-      PAIR_MARK(9);
-      if (nxt0) issue_s(s, 0, npar, VBW, HB, 0);
-      PAIR_MARK(10);
-      wg_wait0();
-      settle(s);
-      PAIR_MARK(11);
-    } else {
-      // Tile 2i + 1: raise the max WG0 published, rescale to it.
-      if (has1) clear_tail(t0 + 1);
-      named_bar_sync(BAR_SCALE0, NTHREADS);
-      PAIR_MARK(1);
-      float mx[2] = {PA_NEG_INF, PA_NEG_INF}, m_use[2], c[2], rs[2] = {0.0f, 0.0f};
-      if (has1) mask_s(s, t0 + 1, ok1, mx);
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        const float old = sMax[r0 + 8 * hf];
-        const float m_new = fmaxf(old, mx[hf]);
-        m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
-        const float c1 = has1 ? ex2_ftz(old - m_use[hf]) : 1.0f;
-        c[hf] = c1 * sSc0[r0 + 8 * hf];
-        __syncwarp();
-        if (tq == 0) {
-          sMax[r0 + 8 * hf] = m_new;
-          sSc1[r0 + 8 * hf] = c1;
-          sMu[M + r0 + 8 * hf] = m_use[hf];
+        for (int e = 0; e < 4; ++e) {
+          s[4 * j + e] = ex2_ftz(fmaf(s[4 * j + e], kx, -m[e >> 1]));
+          rs[e >> 1] += s[4 * j + e];
         }
+        frag[j >> 1][2 * (j & 1) + 0] = N::pack2(s[4 * j + 0], s[4 * j + 1]);
+        frag[j >> 1][2 * (j & 1) + 1] = N::pack2(s[4 * j + 2], s[4 * j + 3]);
       }
-      named_bar_arrive(BAR_SCALE1, NTHREADS);
-#if PA_PAIR_ORDER
-      __syncwarp();
+    };
+    // P fragments into a swizzled [M][BN] shared-memory array (the A operand of P V there).
+    auto store_p = [&](unsigned char* sp, const unsigned (&frag)[KS][4]) {
+      const int r0 = 16 * wq + g;
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) {
-        c[hf] = sSc1[r0 + 8 * hf] * sSc0[r0 + 8 * hf];
-        m_use[hf] = sMu[M + r0 + 8 * hf];
+      for (int j = 0; j < BN / 8; ++j) {
+        *reinterpret_cast<unsigned*>(sp + r0 * 128 + ((j ^ (r0 & 7)) << 4) + 4 * tq) =
+            frag[j >> 1][2 * (j & 1) + 0];
+        *reinterpret_cast<unsigned*>(sp + (r0 + 8) * 128 + ((j ^ ((r0 + 8) & 7)) << 4) + 4 * tq) =
+            frag[j >> 1][2 * (j & 1) + 1];
       }
-#endif
-      PAIR_MARK(2);
-      rescale(c[0], c[1]);
-      if (has1) {
-        exp_p(s, m_use, frag, rs);
-        store_p(sP1, frag);
-        fence_proxy_async();
-        issue_pv_regs(frag, 1);
-      }
-      PAIR_MARK(3);
+    };
+    auto rescale = [&](float c0, float c1) {
 #pragma unroll
-      for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
-      named_bar_sync(BAR_P0, NTHREADS);
-      PAIR_MARK(4);
-      fence_proxy_async();
-      issue_pv_smem(sbase + OFF_P0, 0);
-      if (has1) named_bar_arrive(BAR_PV0, NTHREADS);
-      PAIR_MARK(5);
-      if (nxt1) {
-        wg_wait1();  // P V of tile 2i + 1 done: its channels 256-575 are free
-        PAIR_MARK(6);
-        issue(t0 + 3, row1);
-      }
-      PAIR_MARK(7);
-      wg_wait0();  // P V of tile 2i done: its channels 256-575 (and its P) are free
-      PAIR_MARK(8);
-      if (nxt0) issue(t0 + 2, row0);
-      PAIR_MARK(9);
-      if (nxt1) {
-        issue_s(s, 1, npar, 0, HB, VBW);
-        PAIR_MARK(10);
+      for (int q = 0; q < VBW; ++q)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          o[q][4 * j + 0] *= c0;
+          o[q][4 * j + 1] *= c0;
+          o[q][4 * j + 2] *= c1;
+          o[q][4 * j + 3] *= c1;
+        }
+    };
+    // O += P V over this warpgroup's value columns of buffer `buf`, issued and committed: P
+    // from registers (this warpgroup's tile) or from shared memory at `sp` (the other's).
+    // Two functions, not one with a branch: a wgmma under a runtime branch is serialized.
+    auto pv_fence = [&]() {
+#pragma unroll
+      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+      wg_fence();
+    };
+    auto issue_pv_regs = [&](const unsigned (&frag)[KS][4], int buf) {
+      const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
+      pv_fence();
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+        wg_rs256(o, frag[kk], desc_sw128(vb + kk * (16 * 128), TBLK, 1024));
+      wg_commit();
+    };
+    auto issue_pv_smem = [&](unsigned sp, int buf) {
+      const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
+      pv_fence();
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk)
+        wg_ss256(o, desc_sw128(sp + kk * 32, 16, 1024),
+                 desc_sw128(vb + kk * (16 * 128), TBLK, 1024));
+      wg_commit();
+    };
+    auto settle = [&](float (&s)[BN / 2]) {
+      fence_regs(s);
+#pragma unroll
+      for (int q = 0; q < VBW; ++q) fence_regs(o[q]);
+    };
+
+    const int r0 = 16 * wq + g;
+    float s[BN / 2];
+    unsigned frag[KS][4];
+    if (n_tiles > 0) {
+      if (wg == 0) {
+        issue_s(s, 0, ph0, 0, HB, 0);
+        wg_wait0();
+      } else if (n_tiles > 1) {
+        issue_s(s, 1, ph1, 0, HB, VBW);
         wg_wait0();
       }
       settle(s);
-      PAIR_MARK(11);
     }
-  }
-
-  // ---- Epilogue: the row sums of both warpgroups (at the final max), then O / l.
-  __syncthreads();  // every P V is done: P1's buffer holds the row sums now
-  float* sL = reinterpret_cast<float*>(sP1);
+    const int n_pairs = (n_tiles + 1) >> 1;
+#if PA_PAIR_TRACE
+    unsigned keep[24] = {0};
+#endif
+    for (int i = 0; i < n_pairs; ++i) {
+#if PA_PAIR_TRACE
+      const bool trace_a = i == n_pairs - 4, trace_b = i == n_pairs - 3;
+#endif
+      const int t0 = 2 * i;
+      const bool has1 = t0 + 1 < n_tiles, nxt0 = t0 + 2 < n_tiles, nxt1 = t0 + 3 < n_tiles;
+      const unsigned npar = (i + 1) & 1;  // phase of the buffers' next fill
+      const bool ok0 = row0 >= 0, ok1 = row1 >= 0;
+      if (nxt0) row0 = page_row(t0 + 2);
+      if (nxt1) row1 = page_row(t0 + 3);
+      PAIR_MARK(0);
+      if (wg == 0) {
+        // Tile 2i: raise the row max, publish it with the rescale of everything before.
+        float mx[2], m_use[2], c[2], rs[2];
+        clear_tail(t0);
+        mask_s(s, t0, ok0, mx);
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    float v = l_run[hf];
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    if (tq == 0) sL[wg * M + r0 + 8 * hf] = v;
-  }
-  __syncthreads();
+        for (int hf = 0; hf < 2; ++hf) {
+          const float old = sMax[r0 + 8 * hf];
+          const float m_new = fmaxf(old, mx[hf]);
+          // No key yet: keep -inf in sMax and use 0 here, so no (-inf) - (-inf) appears.
+          m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
+          c[hf] = ex2_ftz(old - m_use[hf]);
+          __syncwarp();  // the quad's reads of sMax before its write
+          if (tq == 0) {
+            sMax[r0 + 8 * hf] = m_new;
+            sSc0[r0 + 8 * hf] = c[hf];
+            sMu[r0 + 8 * hf] = m_use[hf];
+          }
+        }
+        named_bar_arrive(BAR_SCALE0, NTHREADS);
+#if PA_PAIR_ORDER
+        __syncwarp();
 #pragma unroll
-  for (int hf = 0; hf < 2; ++hf) {
-    const int r = r0 + 8 * hf;
-    const int orow = my_out[hf];
-    if (orow < 0) continue;
-    const float l = sL[r] + sL[M + r];
-    if (wg == 0 && tq == 0) {
-      if (ws_cnt != nullptr && split == 0) ws_cnt[orow] = n_split;
-      if (n_split > 1) {
-        ws_lse[(long long)orow * num_splits + split] =
-            l > 0.0f ? sMax[r] + __log2f(l) : PA_NEG_INF;
+        for (int hf = 0; hf < 2; ++hf) {
+          c[hf] = sSc0[r0 + 8 * hf];
+          m_use[hf] = sMu[r0 + 8 * hf];
+        }
+#endif
+        PAIR_MARK(1);
+        rescale(c[0], c[1]);
+        exp_p(s, m_use, frag, rs);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
+        issue_pv_regs(frag, 0);
+        wg_wait0();
+        settle(s);
+        PAIR_MARK(2);
+        // Tile 2i's channels 0-255 are free (its S and this P V are done).
+        if (nxt0) issue(t0 + 2, row0);
+        PAIR_MARK(3);
+        named_bar_sync(BAR_SCALE1, NTHREADS);
+        PAIR_MARK(4);
+        float c0 = sSc1[r0], c1 = sSc1[r0 + 8];
+        // P of tile 2i at the pair's max, for WG1's columns.
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          frag[j >> 1][2 * (j & 1) + 0] = N::pack2(s[4 * j + 0] * c0, s[4 * j + 1] * c0);
+          frag[j >> 1][2 * (j & 1) + 1] = N::pack2(s[4 * j + 2] * c1, s[4 * j + 3] * c1);
+        }
+        store_p(sP0, frag);
+        fence_proxy_async();
+        named_bar_arrive(BAR_P0, NTHREADS);
+#if PA_PAIR_ORDER
+        c0 = sSc1[r0];
+        c1 = sSc1[r0 + 8];
+#endif
+        PAIR_MARK(5);
+        rescale(c0, c1);
+        l_run[0] *= c0;
+        l_run[1] *= c1;
+        if (has1) {
+          named_bar_sync(BAR_PV0, NTHREADS);
+          PAIR_MARK(6);
+          fence_proxy_async();
+          issue_pv_smem(sbase + OFF_P1, 1);
+        }
+        if (nxt0) issue_s(s, 0, npar ^ ph0, 0, VBW, 0);
+        PAIR_MARK(7);
+        if (nxt1) {
+          wg_wait1();  // P V of tile 2i + 1 done: its channels 0-255 are free
+          PAIR_MARK(8);
+          issue(t0 + 3, row1);
+        }
+        PAIR_MARK(9);
+        if (nxt0) issue_s(s, 0, npar ^ ph0, VBW, HB, 0);
+        PAIR_MARK(10);
+        wg_wait0();
+        settle(s);
+        PAIR_MARK(11);
+      } else {
+        // Tile 2i + 1: raise the max WG0 published, rescale to it.
+        if (has1) clear_tail(t0 + 1);
+        named_bar_sync(BAR_SCALE0, NTHREADS);
+        PAIR_MARK(1);
+        float mx[2] = {PA_NEG_INF, PA_NEG_INF}, m_use[2], c[2], rs[2] = {0.0f, 0.0f};
+        if (has1) mask_s(s, t0 + 1, ok1, mx);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          const float old = sMax[r0 + 8 * hf];
+          const float m_new = fmaxf(old, mx[hf]);
+          m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
+          const float c1 = has1 ? ex2_ftz(old - m_use[hf]) : 1.0f;
+          c[hf] = c1 * sSc0[r0 + 8 * hf];
+          __syncwarp();
+          if (tq == 0) {
+            sMax[r0 + 8 * hf] = m_new;
+            sSc1[r0 + 8 * hf] = c1;
+            sMu[M + r0 + 8 * hf] = m_use[hf];
+          }
+        }
+        named_bar_arrive(BAR_SCALE1, NTHREADS);
+#if PA_PAIR_ORDER
+        __syncwarp();
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) {
+          c[hf] = sSc1[r0 + 8 * hf] * sSc0[r0 + 8 * hf];
+          m_use[hf] = sMu[M + r0 + 8 * hf];
+        }
+#endif
+        PAIR_MARK(2);
+        rescale(c[0], c[1]);
+        if (has1) {
+          exp_p(s, m_use, frag, rs);
+          store_p(sP1, frag);
+          fence_proxy_async();
+          issue_pv_regs(frag, 1);
+        }
+        PAIR_MARK(3);
+#pragma unroll
+        for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
+        named_bar_sync(BAR_P0, NTHREADS);
+        PAIR_MARK(4);
+        fence_proxy_async();
+        issue_pv_smem(sbase + OFF_P0, 0);
+        if (has1) named_bar_arrive(BAR_PV0, NTHREADS);
+        PAIR_MARK(5);
+        if (nxt1) {
+          wg_wait1();  // P V of tile 2i + 1 done: its channels 256-575 are free
+          PAIR_MARK(6);
+          issue(t0 + 3, row1);
+        }
+        PAIR_MARK(7);
+        wg_wait0();  // P V of tile 2i done: its channels 256-575 (and its P) are free
+        PAIR_MARK(8);
+        if (nxt0) issue(t0 + 2, row0);
+        PAIR_MARK(9);
+        if (nxt1) {
+          issue_s(s, 1, npar ^ ph1, 0, HB, VBW);
+          PAIR_MARK(10);
+          wg_wait0();
+        }
+        settle(s);
+        PAIR_MARK(11);
       }
     }
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int col = wg * (VHS / 2) + 2 * tq;
-    if (n_split == 1) {
-      elem_t* dst = out + (long long)orow * VHS + col;
+
+    // ---- Epilogue: the row sums of both warpgroups (at the final max), then O / l.
+    __syncthreads();  // every P V is done: P1's buffer holds the row sums now
+    float* sL = reinterpret_cast<float*>(sP1);
 #pragma unroll
-      for (int q = 0; q < VBW; ++q)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<unsigned*>(dst + 64 * q + 8 * j) =
-              N::pack2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
-    } else {
-      float* dst = ws_o + ((long long)orow * num_splits + split) * VHS + col;
-#pragma unroll
-      for (int q = 0; q < VBW; ++q)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-          *reinterpret_cast<float2*>(dst + 64 * q + 8 * j) =
-              make_float2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
+    for (int hf = 0; hf < 2; ++hf) {
+      float v = l_run[hf];
+      v += __shfl_xor_sync(0xffffffffu, v, 1);
+      v += __shfl_xor_sync(0xffffffffu, v, 2);
+      if (tq == 0) sL[wg * M + r0 + 8 * hf] = v;
     }
-  }
-#if PA_PAIR_TRACE
-  if (blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 0)
+    __syncthreads();
 #pragma unroll
-    for (int k = 0; k < 24; ++k) reinterpret_cast<unsigned*>(out)[32 * wg + k] = keep[k];
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = r0 + 8 * hf;
+      const int orow = my_out[hf];
+      if (orow < 0) continue;
+      const float l = sL[r] + sL[M + r];
+      if (wg == 0 && tq == 0) {
+        if (ws_cnt != nullptr && split == 0) ws_cnt[orow] = n_split;
+        if (n_split > 1) {
+          ws_lse[(long long)orow * num_splits + split] =
+              l > 0.0f ? sMax[r] + __log2f(l) : PA_NEG_INF;
+        }
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int col = wg * (VHS / 2) + 2 * tq;
+      if (n_split == 1) {
+        elem_t* dst = out + (long long)orow * VHS + col;
+#pragma unroll
+        for (int q = 0; q < VBW; ++q)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<unsigned*>(dst + 64 * q + 8 * j) =
+                N::pack2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
+      } else {
+        float* dst = ws_o + ((long long)orow * num_splits + split) * VHS + col;
+#pragma unroll
+        for (int q = 0; q < VBW; ++q)
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            *reinterpret_cast<float2*>(dst + 64 * q + 8 * j) =
+                make_float2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
+      }
+    }
+#if PA_PAIR_TRACE
+    if (blockIdx.x == 0 && blockIdx.y == 0 && (tid & 127) == 0)
+#pragma unroll
+      for (int k = 0; k < 24; ++k) reinterpret_cast<unsigned*>(out)[32 * wg + k] = keep[k];
 #endif
+    ph0 ^= ((n_tiles + 1) >> 1) & 1;
+    ph1 ^= (n_tiles >> 1) & 1;
+  }
 }

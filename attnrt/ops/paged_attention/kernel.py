@@ -34,6 +34,7 @@ from .plan import (
     WS_ALIGN,
     PagedAttentionConfig,
     PagedPlan,
+    balanced_grid,
     plan_launch,
     unsplit,
     wg_schedule,
@@ -333,7 +334,10 @@ class PagedAttentionKernel:
                     args.append(self._kv_map(kc.ptr, g))
             else:
                 fn, smem = self._fn(mla, "paged_mla_fwd"), builds.mla_smem_bytes(p.block_n, g.head_size)
-            todo.append((fn, (p.grid_x, p.max_chunks, 1), (builds.MLA_THREADS, 1, 1), args, smem,
+            grid = (p.grid_x, p.max_chunks, 1)
+            if p.path == "wg" and p.balanced and sched == "pair":
+                grid = (balanced_grid(p, self._caps().sm_count), 1, 1)
+            todo.append((fn, grid, (builds.MLA_THREADS, 1, 1), args, smem,
                          pdl and p.path == "wg" and "write" in self._phases))
         if p.max_chunks > 1 and "combine" in self._phases:
             rows = g.tokens * g.heads

@@ -32,7 +32,8 @@ from .schema import OP, PagedGeometry
 __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan", "DeviceFacts",
            "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout",
            "counts_offset", "balanced_chunks", "BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH",
-           "WG_SCHEDULES", "PAIR_MIN_TILES", "wg_schedule"]
+           "WG_SCHEDULES", "PAIR_MIN_TILES", "PAIR_UNITS", "wg_schedule",
+           "balanced_grid"]
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
 PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
@@ -42,6 +43,9 @@ WG_SCHEDULES = ("auto", "serial", "pair")
 #: Fewest 64-key tiles per split for which ``auto`` takes the pair kernel (its pipeline fill
 #: costs short chunks more than it saves): docs/notes/paged_attention.md#pair-kernel
 PAIR_MIN_TILES = 24
+#: Busy (row block, chunk) pairs one CTA of a balanced pair-kernel launch takes at most
+#: (mirrors PAIR_UNITS in cuda/paged_mla_pair.cu): docs/notes/paged_attention.md#balanced-splits
+PAIR_UNITS = 8
 WS_ALIGN = 256
 
 
@@ -445,3 +449,24 @@ def wg_schedule(g: PagedGeometry, plan: PagedPlan, config: PagedAttentionConfig)
         return "pair"
     tiles = -(-g.max_blocks * g.block_size // 64)
     return "pair" if -(-tiles // max(plan.splits, 1)) >= PAIR_MIN_TILES else "serial"
+
+
+def balanced_grid(plan: PagedPlan, sms: int) -> int:
+    """CTAs of a balanced pair-kernel launch: persistent, one per SM, each taking every
+    ``grid``-th busy pair of the device schedule, and enough that none takes more than
+    :data:`PAIR_UNITS` of the shapes' bound (``grid_x * max_chunks`` pairs).
+
+    Parameters
+    ----------
+    plan
+        A balanced ``wg`` plan.
+    sms
+        The device's multiprocessor count.
+
+    Returns
+    -------
+    int
+        The grid's size (its x dimension).
+    """
+    bound = plan.grid_x * plan.max_chunks
+    return min(bound, max(sms, -(-bound // PAIR_UNITS)))
