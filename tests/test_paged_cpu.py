@@ -614,9 +614,10 @@ def _meta_case(B: int, L: int, H: int = 16, bs: int = 64):
 
 @pytest.mark.parametrize("B, L, bs, schedule, want", [
     (128, 8192, 64, "auto", "pair"),     # one split of 128 tiles
-    (1, 8192, 64, "auto", "serial"),     # 64 splits of 2 tiles
-    (8, 8192, 64, "auto", "serial"),     # short splits: the pipeline fill dominates
+    (1, 8192, 64, "auto", "pair"),       # 64 splits of 2 tiles
+    (8, 8192, 128, "auto", "pair"),      # pages of two tiles
     (128, 8192, 32, "auto", "serial"),   # pages of 32 keys: no whole-page TMA box
+    (8, 8192, 16, "auto", "serial"),
     (1, 8192, 64, "pair", "pair"),       # forced
     (1, 8192, 16, "pair", "serial"),     # forced, but the block size rules it out
     (128, 8192, 128, "serial", "serial"),
@@ -636,14 +637,14 @@ def test_wg_schedule_knob_is_validated():
         PagedAttentionConfig(wg_schedule="fast")
 
 
-def test_default_config_takes_the_pair_kernel_for_long_splits():
-    # The default is "auto": the pair kernel for B128 L8k (one split of 128 tiles), the
-    # serial kernel for B8 (16 splits of 8 tiles).
+def test_default_config_takes_the_pair_kernel_for_whole_pages():
+    # The default is "auto": the pair kernel for pages of 64 keys, long splits or short
+    # (B128: one split of 128 tiles, B8: 16 splits of 8), the serial one for pages of 32.
     assert PagedAttentionConfig().wg_schedule == "auto"
     cfg = PagedAttentionConfig()
-    for B, want in ((128, "pair"), (8, "serial")):
-        c = _meta_case(B, 8192)
+    for B, bs, want in ((128, 64, "pair"), (8, 64, "pair"), (8, 32, "serial")):
+        c = _meta_case(B, 8192, bs=bs)
         kernel = PagedAttentionFactory(None, config=cfg).create(c.node)
         geo = kernel.validate(c.metas)
         plan = kernel.plan(c.metas)
-        assert plan.path == "wg" and pplan.wg_schedule(geo, plan, cfg) == want
+        assert plan.path == "wg" and pplan.wg_schedule(geo, plan, cfg) == want, (B, bs)

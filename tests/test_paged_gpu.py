@@ -420,7 +420,7 @@ def _wg_child(schedule: str = "serial") -> None:
         from tests.test_paged_balanced_cpu import balanced
 
         q_lens, past_lens = (1, 2, 1, 1, 1, 2, 1), (900, 61, 2500, 64, 1300, 700, 190)
-        c = make_case(rng, **{**MLA, "H": 16}, dtype=BF16, rope="half", bs=64, q_lens=q_lens,
+        c = make_case(rng, **{**MLA, "H": 16, "bs": 64}, dtype=BF16, rope="half", q_lens=q_lens,
                       past_lens=past_lens)
         bound = Bound(rt, c, path="wg", wg_schedule=schedule, balanced=True)
         small = replace(rt.capabilities, sm_count=4)

@@ -265,20 +265,20 @@ __device__ __forceinline__ SchedPlan balanced_plan(
     float part_us, float comb_us, float comb_rate, int vhs, int* scratch) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nwarp = blockDim.x >> 5;
   int* sN = scratch;            // n_b
-  int* sRB = sN + (B + 1);      // rb_b
-  int* sT0 = sRB + (B + 1);     // t0_b
+  int* sQn = sN + (B + 1);      // q_b (its rows: q_b H, its row blocks: ceil(q_b H / M))
+  int* sT0 = sQn + (B + 1);     // t0_b
   int* sPre = sT0 + (B + 1);    // exclusive prefix of rb_b * k_b (B + 1 entries)
   __shared__ int sMax;
-  __shared__ float sCost[64];
+  __shared__ __align__(16) float sCost[64];
   __shared__ int sPick;
   if (tid == 0) sMax = 0;
   __syncthreads();
   for (int b = tid; b < B; b += blockDim.x) {
     const long long c0 = cu[b], c1 = cu[b + 1];
-    int n = 0, rb = 0, t0 = 0;
+    int n = 0, qn = 0, t0 = 0;
     if (c0 >= 0 && c0 <= c1 && c1 <= n_tokens && c1 > c0) {
       const long long q = c1 - c0;
-      rb = (int)((q * H + M - 1) / M);
+      qn = (int)q;
       const long long p0 = past[b];
       const long long hi = min(p0 + q - 1, (long long)key_cap);
       const long long first = min(p0, (long long)key_cap);
@@ -289,24 +289,25 @@ __device__ __forceinline__ SchedPlan balanced_plan(
       }
     }
     sN[b] = n;
-    sRB[b] = rb;
+    sQn[b] = qn;
     sT0[b] = t0;
     if (n > 0) atomicMax(&sMax, n);
   }
   __syncthreads();
   const int n_max = sMax;
   const int s_hi = max(1, min(min(max_splits, 64), n_max));  // sCost holds 64
-  // Cost of s = w + 1, w + 1 + nwarp, ...: one warp per candidate, lanes over sequences.
+  // Cost of s = w + 1, w + 1 + nwarp, ...: one warp per candidate, lanes over sequences,
+  // from shared memory only and in 32-bit division (this runs before every CTA's first load).
+  auto rbs = [&](int b) { return (sQn[b] * H + M - 1) / M; };
   for (int s = warp + 1; s <= s_hi; s += nwarp) {
     const int C = (n_max + s - 1) / s;
-    long long busy = 0, prow = 0;
+    int busy = 0;
+    long long prow = 0;
     for (int b = lane; b < B; b += 32) {
-      const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
-      busy += (long long)sRB[b] * k;
-      if (k > 1) {
-        const long long rows = (long long)(cu[b + 1] - cu[b]) * H;
-        prow += rows * k;
-      }
+      const int rb = rbs(b);
+      const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (rb > 0 ? 1 : 0);
+      busy += rb * k;
+      if (k > 1) prow += (long long)sQn[b] * H * k;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
@@ -314,7 +315,7 @@ __device__ __forceinline__ SchedPlan balanced_plan(
       prow += __shfl_xor_sync(0xffffffffu, prow, o);
     }
     if (lane == 0) {
-      const float waves = (float)((busy + sms - 1) / sms);
+      const float waves = (float)((busy + sms - 1) / sms);  // busy < 2^31: B <= 8192
       float cost = waves * (C * tile_us + pro_us + (s > 1 ? part_us : 0.0f));
       if (s > 1) cost += comb_us + (float)prow * vhs * 4.0f / comb_rate;
       sCost[s - 1] = cost;
@@ -322,9 +323,24 @@ __device__ __forceinline__ SchedPlan balanced_plan(
   }
   __syncthreads();
   if (tid == 0) {
+    // The costs in registers first (16 vector loads), then the serial rule.
+    float c[64];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const float4 v = reinterpret_cast<const float4*>(sCost)[j];
+      c[4 * j] = v.x;
+      c[4 * j + 1] = v.y;
+      c[4 * j + 2] = v.z;
+      c[4 * j + 3] = v.w;
+    }
     int best = 1;
-    for (int s = 2; s <= s_hi; ++s)
-      if (sCost[s - 1] < sCost[best - 1] - 1e-3f) best = s;  // the smallest of equal costs
+    float best_cost = c[0];
+#pragma unroll
+    for (int s = 2; s <= 64; ++s)
+      if (s <= s_hi && c[s - 1] < best_cost - 1e-3f) {  // the smallest of equal costs
+        best = s;
+        best_cost = c[s - 1];
+      }
     sPick = best;
   }
   __syncthreads();
@@ -336,8 +352,8 @@ __device__ __forceinline__ SchedPlan balanced_plan(
   const int b0 = min(B, tid * per), b1 = min(B, b0 + per);
   int mine = 0;
   for (int b = b0; b < b1; ++b) {
-    const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
-    mine += sRB[b] * k;
+    const int rb = rbs(b);
+    mine += rb * (sN[b] > 0 ? (sN[b] + C - 1) / C : (rb > 0 ? 1 : 0));
   }
   int incl = mine;
 #pragma unroll
@@ -352,8 +368,8 @@ __device__ __forceinline__ SchedPlan balanced_plan(
   int acc = base + incl - mine;
   for (int b = b0; b < b1; ++b) {
     sPre[b] = acc;
-    const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (sRB[b] > 0 ? 1 : 0);
-    acc += sRB[b] * k;
+    const int rb = rbs(b);
+    acc += rb * (sN[b] > 0 ? (sN[b] + C - 1) / C : (rb > 0 ? 1 : 0));
   }
   if (tid == blockDim.x - 1) sPre[B] = acc;
   __syncthreads();

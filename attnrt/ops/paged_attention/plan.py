@@ -32,7 +32,7 @@ from .schema import OP, PagedGeometry
 __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan", "DeviceFacts",
            "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout",
            "counts_offset", "balanced_chunks", "BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH",
-           "WG_SCHEDULES", "PAIR_MIN_TILES", "PAIR_UNITS", "wg_schedule",
+           "WG_SCHEDULES", "PAIR_UNITS", "wg_schedule",
            "balanced_grid"]
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
@@ -40,9 +40,6 @@ PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
 #: wgmma kernels: ``auto`` (:func:`wg_schedule`), ``serial`` (``cuda/paged_mla_wg.cu``) or
 #: ``pair`` (the warpgroups alternate tiles, ``cuda/paged_mla_pair.cu``).
 WG_SCHEDULES = ("auto", "serial", "pair")
-#: Fewest 64-key tiles per split for which ``auto`` takes the pair kernel (its pipeline fill
-#: costs short chunks more than it saves): docs/notes/paged_attention.md#pair-kernel
-PAIR_MIN_TILES = 24
 #: Busy (row block, chunk) pairs one CTA of a balanced pair-kernel launch takes at most
 #: (mirrors PAIR_UNITS in cuda/paged_mla_pair.cu): docs/notes/paged_attention.md#balanced-splits
 PAIR_UNITS = 8
@@ -117,9 +114,9 @@ class PagedAttentionConfig:
     wg_schedule
         One of :data:`WG_SCHEDULES`: which kernel runs the wgmma path
         (``docs/notes/paged_attention.md#pair-kernel``): ``auto`` (the default) takes the
-        pair kernel for splits of at least :data:`PAIR_MIN_TILES` tiles, else the serial
-        one; ``serial`` and ``pair`` force one. ``pair`` applies to block sizes that are a
-        multiple of 64 (it loads whole pages by TMA); other block sizes run ``serial``. Both
+        pair kernel wherever it applies, ``serial`` and ``pair`` force one. ``pair`` applies
+        to block sizes that are a multiple of 64 (it loads whole pages by TMA); other block
+        sizes run ``serial``. Both
         take the same grid, splits and workspace.
 
     Raises
@@ -435,20 +432,19 @@ def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta:
 
 def wg_schedule(g: PagedGeometry, plan: PagedPlan, config: PagedAttentionConfig) -> str:
     """The kernel of a ``wg`` plan, ``"pair"`` or ``"serial"``: ``pair`` needs block sizes
-    that are a multiple of 64 (whole 64-key pages by TMA); ``auto`` takes it when the longest
-    sequence's split holds at least :data:`PAIR_MIN_TILES` tiles.
+    that are a multiple of 64 (whole 64-key pages by TMA); ``auto`` takes it wherever it
+    applies (faster than the serial kernel on every measured row, down to one tile per
+    split: docs/notes/paged_attention.md#pair-kernel).
 
     Parameters
     ----------
     g, plan, config
-        The geometry, its ``wg`` plan and the knobs (``wg_schedule``).
+        The geometry, its ``wg`` plan (unused: the choice does not depend on it) and the
+        knobs (``wg_schedule``).
     """
     if g.block_size % 64 or config.wg_schedule == "serial":
         return "serial"
-    if config.wg_schedule == "pair":
-        return "pair"
-    tiles = -(-g.max_blocks * g.block_size // 64)
-    return "pair" if -(-tiles // max(plan.splits, 1)) >= PAIR_MIN_TILES else "serial"
+    return "pair"
 
 
 def balanced_grid(plan: PagedPlan, sms: int) -> int:
