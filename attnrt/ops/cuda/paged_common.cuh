@@ -299,10 +299,7 @@ __device__ __forceinline__ SchedPlan balanced_plan(
   // Cost of s = w + 1, w + 1 + nwarp, ...: one warp per candidate, lanes over sequences,
   // from shared memory only and in 32-bit division (this runs before every CTA's first load).
   auto rbs = [&](int b) { return (sQn[b] * H + M - 1) / M; };
-#ifndef PA_BAL_NOMODEL
-#define PA_BAL_NOMODEL 0
-#endif
-  for (int s = warp + 1; s <= (PA_BAL_NOMODEL ? 0 : s_hi); s += nwarp) {
+  for (int s = warp + 1; s <= s_hi; s += nwarp) {
     const int C = (n_max + s - 1) / s;
     int busy = 0;
     long long prow = 0;
@@ -344,7 +341,7 @@ __device__ __forceinline__ SchedPlan balanced_plan(
         best = s;
         best_cost = c[s - 1];
       }
-    sPick = PA_BAL_NOMODEL ? (max_splits + 1) / 2 : best;
+    sPick = best;
   }
   __syncthreads();
   const int C = n_max > 0 ? (n_max + sPick - 1) / sPick : 1;

@@ -140,9 +140,6 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 #define PA_PAIR_ORDER 1
 #endif
 
-#ifndef PA_BAL_CHUNKMAJOR
-#define PA_BAL_CHUNKMAJOR 0
-#endif
 #ifndef PA_PAIR_FULLSYNC
 // Lab only (racecheck): every hand-off's bar.arrive becomes a bar.sync (both warpgroups wait;
 // the same order, no deadlock, slower).
@@ -228,17 +225,8 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
                           scratch);
     const long long first = (long long)blockIdx.y * gridDim.x + blockIdx.x;
     const long long stride = (long long)gridDim.x * gridDim.y;
-    if (tid < PAIR_UNITS) {
-      long long i = first + tid * stride;
-#if PA_BAL_CHUNKMAJOR
-      if (i < sp.total) {
-        const int kk = (scratch[0] + sp.C - 1) / sp.C;
-        const long long R = sp.total / kk;
-        i = (i % R) * kk + i / R;
-      }
-#endif
-      sUnits[tid] = pa::balanced_unit(i, sp, cu, H, B, M, scratch);
-    }
+    if (tid < PAIR_UNITS)
+      sUnits[tid] = pa::balanced_unit(first + tid * stride, sp, cu, H, B, M, scratch);
     n_units = first < sp.total
                   ? (int)min((long long)PAIR_UNITS, (sp.total - first + stride - 1) / stride)
                   : 0;
