@@ -243,7 +243,7 @@ __device__ __forceinline__ void split_tiles(int key_lo, int key_hi, int bn, int 
 //   ceil(busy / sms) * (C * tile_us + pro_us + (s > 1) * part_us)
 //     + (s > 1) * (comb_us + split rows * k * vhs * 4 / comb_rate).
 // CTAs take the busy (row block, chunk) pairs in order: linear index i = y * gridDim.x + x,
-// sequence-major, then row block, then chunk; CTAs past them exit. Scratch: 4 * (B + 1) ints.
+// sequence-major, then row block, then chunk; CTAs past them exit. Scratch: 5 * (B + 1) ints.
 struct Sched {
   int x;      // row block (as mla_rows' x); -1: surplus CTA
   int chunk;  // j
@@ -268,6 +268,7 @@ __device__ __forceinline__ SchedPlan balanced_plan(
   int* sQn = sN + (B + 1);      // q_b (its rows: q_b H, its row blocks: ceil(q_b H / M))
   int* sT0 = sQn + (B + 1);     // t0_b
   int* sPre = sT0 + (B + 1);    // exclusive prefix of rb_b * k_b (B + 1 entries)
+  int* sX0 = sPre + (B + 1);    // G(b): the first row block (as mla_rows' x)
   __shared__ int sMax;
   __shared__ __align__(16) float sCost[64];
   __shared__ int sPick;
@@ -291,34 +292,55 @@ __device__ __forceinline__ SchedPlan balanced_plan(
     sN[b] = n;
     sQn[b] = qn;
     sT0[b] = t0;
+    sX0[b] = (int)floor_div(c0 * H, M) + ((H % M) ? b : 0);
     if (n > 0) atomicMax(&sMax, n);
   }
   __syncthreads();
   const int n_max = sMax;
   const int s_hi = max(1, min(min(max_splits, 64), n_max));  // sCost holds 64
-  // Cost of s = w + 1, w + 1 + nwarp, ...: one warp per candidate, lanes over sequences,
-  // from shared memory only and in 32-bit division (this runs before every CTA's first load).
+  // The cost of each candidate count s, from shared memory only and in 32-bit division:
+  // this runs before every CTA's first load, so it is kept short (measured:
+  // docs/notes/paged_attention.md#balanced-splits).
   auto rbs = [&](int b) { return (sQn[b] * H + M - 1) / M; };
-  for (int s = warp + 1; s <= s_hi; s += nwarp) {
-    const int C = (n_max + s - 1) / s;
-    int busy = 0;
-    long long prow = 0;
-    for (int b = lane; b < B; b += 32) {
+  // Busy pairs and split rows of sequences b0, b0 + step, ... for chunk length C.
+  auto tally = [&](int C, int b0, int step, int& busy, long long& prow) {
+    busy = 0;
+    prow = 0;
+    for (int b = b0; b < B; b += step) {
       const int rb = rbs(b);
       const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : (rb > 0 ? 1 : 0);
       busy += rb * k;
       if (k > 1) prow += (long long)sQn[b] * H * k;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      busy += __shfl_xor_sync(0xffffffffu, busy, o);
-      prow += __shfl_xor_sync(0xffffffffu, prow, o);
+  };
+  auto cost_of = [&](int s, int C, int busy, long long prow) {
+    const float waves = (float)((busy + sms - 1) / sms);  // busy < 2^31: B <= 4096
+    float cost = waves * (C * tile_us + pro_us + (s > 1 ? part_us : 0.0f));
+    if (s > 1) cost += comb_us + (float)prow * vhs * 4.0f / comb_rate;
+    return cost;
+  };
+  if (B <= 32) {
+    // Few sequences: one thread per candidate, no reduction.
+    if (tid < s_hi) {
+      const int s = tid + 1, C = (n_max + s - 1) / s;
+      int busy;
+      long long prow;
+      tally(C, 0, 1, busy, prow);
+      sCost[s - 1] = cost_of(s, C, busy, prow);
     }
-    if (lane == 0) {
-      const float waves = (float)((busy + sms - 1) / sms);  // busy < 2^31: B <= 8192
-      float cost = waves * (C * tile_us + pro_us + (s > 1 ? part_us : 0.0f));
-      if (s > 1) cost += comb_us + (float)prow * vhs * 4.0f / comb_rate;
-      sCost[s - 1] = cost;
+  } else {
+    // One warp per candidate s = w + 1, w + 1 + nwarp, ..., lanes over sequences.
+    for (int s = warp + 1; s <= s_hi; s += nwarp) {
+      const int C = (n_max + s - 1) / s;
+      int busy;
+      long long prow;
+      tally(C, lane, 32, busy, prow);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        busy += __shfl_xor_sync(0xffffffffu, busy, o);
+        prow += __shfl_xor_sync(0xffffffffu, prow, o);
+      }
+      if (lane == 0) sCost[s - 1] = cost_of(s, C, busy, prow);
     }
   }
   __syncthreads();
@@ -377,12 +399,12 @@ __device__ __forceinline__ SchedPlan balanced_plan(
 }
 
 // The i-th busy (row block, chunk) pair of the plan (x = -1 past the last).
-__device__ __forceinline__ Sched balanced_unit(long long i, SchedPlan sp,
-                                               const int* __restrict__ cu, int H, int B, int M,
+__device__ __forceinline__ Sched balanced_unit(long long i, SchedPlan sp, int B,
                                                const int* scratch) {
   const int* sN = scratch;
   const int* sT0 = sN + 2 * (B + 1);
   const int* sPre = sN + 3 * (B + 1);
+  const int* sX0 = sN + 4 * (B + 1);
   const int C = sp.C;
   Sched r{-1, 0, 0, 0, 0};
   if (i >= sp.total) return r;
@@ -398,8 +420,7 @@ __device__ __forceinline__ Sched balanced_unit(long long i, SchedPlan sp,
   }
   const int k = sN[b] > 0 ? (sN[b] + C - 1) / C : 1;
   const int local = (int)(i - sPre[b]);
-  const int extra = (H % M) ? 1 : 0;
-  r.x = (int)(floor_div((long long)cu[b] * H, M) + (long long)extra * b) + local / k;
+  r.x = sX0[b] + local / k;
   r.chunk = local % k;
   r.k = k;
   r.t_lo = sT0[b] + r.chunk * C;
@@ -415,8 +436,7 @@ __device__ __forceinline__ Sched balanced_sched(
   const SchedPlan sp = balanced_plan(cu, past, n_tokens, H, B, M, bn, key_cap, window,
                                      max_splits, sms, tile_us, pro_us, part_us, comb_us,
                                      comb_rate, vhs, scratch);
-  return balanced_unit((long long)blockIdx.y * gridDim.x + blockIdx.x, sp, cu, H, B, M,
-                       scratch);
+  return balanced_unit((long long)blockIdx.y * gridDim.x + blockIdx.x, sp, B, scratch);
 }
 
 // Channel d of a head row (x points at the row) after partial RoPE at absolute position pos;

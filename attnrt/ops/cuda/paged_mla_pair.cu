@@ -226,7 +226,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     const long long first = (long long)blockIdx.y * gridDim.x + blockIdx.x;
     const long long stride = (long long)gridDim.x * gridDim.y;
     if (tid < PAIR_UNITS)
-      sUnits[tid] = pa::balanced_unit(first + tid * stride, sp, cu, H, B, M, scratch);
+      sUnits[tid] = pa::balanced_unit(first + tid * stride, sp, B, scratch);
     n_units = first < sp.total
                   ? (int)min((long long)PAIR_UNITS, (sp.total - first + stride - 1) / stride)
                   : 0;

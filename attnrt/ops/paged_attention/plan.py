@@ -376,8 +376,8 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
 
 
 #: Balanced split-KV limits: the device model weighs at most this many chunk counts, and the
-#: kernel's scratch (its key-tile stages, 144 KiB) holds 4 (B + 1) ints.
-BALANCED_MAX_CHUNKS, BALANCED_MAX_BATCH = 64, 8192
+#: kernel's scratch (its key-tile stages, 144 KiB) holds 5 (B + 1) ints.
+BALANCED_MAX_CHUNKS, BALANCED_MAX_BATCH = 64, 4096
 
 
 def balanced_chunks(g: PagedGeometry, path: str, splits: int,
