@@ -16,11 +16,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tools"), str(ROOT / "lab")]
 
 from with_defines import run_patched  # noqa: E402
 
-from attnrt.ops.paged_attention import kernel  # noqa: E402
+from attnrt.runtime import tma  # noqa: E402
 
 
 def _patch(setting: str) -> None:
-    kernel.tensor_map_2d = functools.partial(kernel.tensor_map_2d, l2_promotion=int(setting))
+    tma.tensor_map_2d = functools.partial(tma.tensor_map_2d, l2_promotion=int(setting))
 
 
 if __name__ == "__main__":

@@ -130,6 +130,14 @@ class FakeRuntime:
         latch_ptr = self._reserve(4, owned=False, backed=True)
         self.latch = Latch(self, latch_ptr)
 
+    def tensor_map_2d(self, address: int, dtype: DataType, shape: tuple[int, int],
+                      row_bytes: int, box: tuple[int, int], l2_promotion: int = 256) -> bytes:
+        """A stand-in TMA descriptor (128 bytes naming its arguments; nothing reads it)."""
+        if dtype not in (DataType.BFLOAT16, DataType.FLOAT16):
+            raise ValueError(f"tensor_map_2d: a 16-bit float dtype, got {dtype!r}")
+        fields = (address, int(dtype), *shape, row_bytes, *box, l2_promotion)
+        return np.asarray(fields, dtype=np.int64).tobytes().ljust(128, b"\0")
+
     # -- address space ---------------------------------------------------------------------
     def _reserve(self, nbytes: int, *, owned: bool, backed: bool | None = None,
                  align: int = 256) -> int:
@@ -310,9 +318,13 @@ class FakeRuntime:
                 if a != 0 and not (0 < a < 2**64 and self.owns(a)):
                     raise FakeLaunchError(f"{fn.name}: argument {i} = 0x{a:x} is a pointer into no "
                                           "tensor, workspace or allocation")
+            elif isinstance(a, bytes):  # a by-value struct (a TMA descriptor: 128 bytes)
+                if len(a) != 128:
+                    raise FakeLaunchError(f"{fn.name}: argument {i} is {len(a)} bytes; the only "
+                                          "by-value struct the kernels take is 128")
             elif not isinstance(a, _SCALARS):
                 raise FakeLaunchError(f"{fn.name}: argument {i} is a {type(a).__name__}; expected a "
-                                      "pointer int or a numpy scalar")
+                                      "pointer int, a numpy scalar or a descriptor's bytes")
         if programmatic and self.capabilities.compute_capability < (9, 0):
             raise FakeLaunchError(f"{fn.name}: programmatic dependent launch needs cc >= 9.0")
         rec = Launch(fn.name, g, b, list(args), int(shared_mem), self._capturing,

@@ -418,7 +418,8 @@ WORDS = [None, "absent", "meta", "shape", "array", 7, "x"]
 def _hooks(rt: FakeRuntime) -> None:
     for e in ("paged_write_bf16", "paged_write_f16"):
         rt.on_launch[e] = lambda a: rt.write(int(a[6]), STAMP)
-    for e in ("paged_simple_bf16", "paged_simple_f16", "paged_mla_fwd", "paged_mla_wg_fwd"):
+    for e in ("paged_simple_bf16", "paged_simple_f16", "paged_mla_fwd", "paged_mla_wg_fwd",
+                 "paged_mla_pair_fwd"):
         rt.on_launch[e] = lambda a: rt.write(int(a[7]), STAMP)
     rt.on_launch["paged_mla_combine"] = lambda a: rt.write(int(a[2]), STAMP)
 
@@ -435,7 +436,8 @@ def _check37(rt: FakeRuntime, case: SimpleNamespace, s: Spec, err: BaseException
     reads = [x for x in rt.launches if "simple" in x.name or "fwd" in x.name]
     if err is None and name and reads:  # the kernels get the attribute's float32 value
         at = (-2 if "simple" in reads[0].name else -3) - (name == "scale")
-        at -= 7 if "wg" in reads[0].name else 0  # the device split model's arguments
+        # The device split model's arguments (and the pair kernel's tensor map).
+        at -= {"wg": 7, "pair": 8}.get(reads[0].name.split("_")[2], 0)
         assert reads[0].args[at] == np.float32(v), (name, v, reads[0].args[at])
 
 

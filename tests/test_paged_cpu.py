@@ -474,7 +474,7 @@ def test_plan_wgmma_path():
     k = _mla_kernel(path="wg")
     p = k.plan(_decode_metas(1, 8192))
     assert (p.path, p.block_n, p.grid_x) == ("wg", 64, 2) and p.splits > 1
-    assert not p.balanced and p.max_chunks == p.splits  # balanced split-KV is opt-in
+    assert not p.balanced and p.max_chunks == p.splits  # decode: balanced only when asked
     assert (p.ws_lse_offset, p.ws_bytes) == pa.workspace_layout(128, 512, p.splits)
     # Opted in, but one sequence has nothing to balance.
     assert not _mla_kernel(path="wg", balanced=True).plan(_decode_metas(1, 8192)).balanced
@@ -486,6 +486,16 @@ def test_plan_wgmma_path():
     assert b.ws_cnt_offset >= b.ws_lse_offset + 256 * b.max_chunks * 4
     assert b.ws_bytes == b.ws_cnt_offset + 256 * 4
     assert k.workspace_requirement(_decode_metas(1, 8192)).nbytes == p.ws_bytes
+    # More tokens than sequences (speculative decode): balanced by default, not when refused.
+    spec = _decode_metas(8, 8192, H=16)
+    spec[0] = TensorMetadata(BF16, (32, 16 * 576))
+    spec[1] = TensorMetadata(BF16, (32, 576))
+    spec[10] = TensorMetadata(DataType.INT32, (32,))
+    d = _mla_kernel(path="wg", H=16).plan(spec)
+    assert d.balanced and d.splits > 1 and d.max_chunks == min(2 * d.splits, 64)
+    assert not _mla_kernel(path="wg", H=16, balanced=False).plan(spec).balanced
+    with pytest.raises(ValueError, match="balanced"):
+        PagedAttentionConfig(balanced="yes")
     assert k.plan(_decode_metas(128, 8192)).splits == 1
     assert pa.mla_wg_smem_bytes() <= 232448  # sm_90 opt-in
     a100 = _mla_kernel(path="wg")

@@ -40,7 +40,8 @@ class Rig:
         self.out = self.put(np.full((c.T, c.H * c.vhs), 3, dt), mut=True)
         for name in ("paged_write_bf16", "paged_write_f16"):
             rt.on_launch[name] = lambda args: rt.write(int(args[6]), STAMP)  # key_cache
-        for name in ("paged_simple_bf16", "paged_simple_f16", "paged_mla_fwd", "paged_mla_wg_fwd"):
+        for name in ("paged_simple_bf16", "paged_simple_f16", "paged_mla_fwd", "paged_mla_wg_fwd",
+                 "paged_mla_pair_fwd"):
             rt.on_launch[name] = lambda args: rt.write(int(args[7]), STAMP)  # output
 
     def put(self, a: np.ndarray, *, mut: bool = False) -> TensorView:
@@ -372,7 +373,7 @@ def test_pdl_flags_of_the_wgmma_path(cc, programmatic, want):
     rig.rt.capabilities.compute_capability = cc
     path = "wg" if cc >= (9, 0) else "mla"
     rig.run(config=PagedAttentionConfig(path=path, num_splits=3, programmatic=programmatic))
-    read = "paged_mla_wg_fwd" if path == "wg" else "paged_mla_fwd"
+    read = "paged_mla_pair_fwd" if path == "wg" else "paged_mla_fwd"  # pages of 64 keys
     assert [ln.name for ln in rig.rt.launches] == ["paged_write_bf16", read, "paged_mla_combine"]
     assert [ln.programmatic for ln in rig.rt.launches] == want
 
@@ -389,7 +390,7 @@ def test_pdl_read_is_plain_without_the_write_phase():
                                       for t in rig.ins[:16]])
     kern.execute(rig.ins, [rig.out], WorkspaceView(rig.rt.address(req.nbytes), req.nbytes))
     assert [(ln.name, ln.programmatic) for ln in rig.rt.launches] == [
-        ("paged_mla_wg_fwd", False), ("paged_mla_combine", True)]
+        ("paged_mla_pair_fwd", False), ("paged_mla_combine", True)]
 
 
 @pytest.mark.parametrize("bad", [123, object(), np.zeros(4, np.uint8)],

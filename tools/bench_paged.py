@@ -68,13 +68,14 @@ def _op_path() -> str:
 
 def _op_config() -> PagedAttentionConfig:
     """Our op's config: :func:`_op_path`; ``$ATTNRT_BENCH_PAGED_PDL=0`` turns programmatic
-    dependent launch off, ``$ATTNRT_BENCH_PAGED_BALANCED=1`` turns balanced split-KV on,
+    dependent launch off, ``$ATTNRT_BENCH_PAGED_BALANCED=1`` / ``0`` turns balanced split-KV
+    on / off (unset: the op's default),
     ``$ATTNRT_BENCH_PAGED_MAX_SPLITS`` sets ``max_splits``, ``$ATTNRT_BENCH_PAGED_WG`` the
     wgmma schedule (``serial`` or ``pair``)."""
     env = os.environ.get
     return PagedAttentionConfig(
         path=_op_path(), programmatic=env("ATTNRT_BENCH_PAGED_PDL", "1") != "0",
-        balanced=env("ATTNRT_BENCH_PAGED_BALANCED", "0") == "1",
+        balanced={"1": True, "0": False}.get(env("ATTNRT_BENCH_PAGED_BALANCED", "")),
         max_splits=int(env("ATTNRT_BENCH_PAGED_MAX_SPLITS", "64")),
         wg_schedule=env("ATTNRT_BENCH_PAGED_WG", PagedAttentionConfig.wg_schedule))
 

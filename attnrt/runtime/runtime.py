@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from . import compiler, memory
+from . import compiler, memory, tma
 from ._check import check, driver, fast_driver, value_or_none
 from .cache import CompileCache, default_cache
 from .device import Capabilities, Device
@@ -304,6 +304,14 @@ class CudaRuntime:
                 self._by_module[(mkey, entry)] = fn
             self._functions[key] = fn
             return fn
+
+    def tensor_map_2d(self, address: int, dtype: Any, shape: tuple[int, int], row_bytes: int,
+                      box: tuple[int, int], l2_promotion: int = 256) -> bytes:
+        """A TMA descriptor of a 16-bit tensor in device memory, for a kernel's
+        ``__grid_constant__`` parameter: :func:`attnrt.runtime.tma.tensor_map_2d` (same
+        parameters, returns and raises). Kernels that take one ask the runtime, so a runtime
+        without a driver (a test double) can stand in."""
+        return tma.tensor_map_2d(address, dtype, shape, row_bytes, box, l2_promotion)
 
     @property
     def launch_count(self) -> int:

@@ -23,7 +23,6 @@ from attnrt.runtime.api import (
     WorkspaceView,
 )
 from attnrt.runtime.errors import Unsupported, WorkspaceError
-from attnrt.runtime.tma import tensor_map_2d
 
 from .._common import Variant, check_workspace, expect, get_function
 from .._validate import check_workspace_view
@@ -354,7 +353,7 @@ class PagedAttentionKernel:
         if m is None:
             if len(self._maps) > 16:
                 self._maps.clear()
-            m = self._maps[key] = tensor_map_2d(
+            m = self._maps[key] = self.rt.tensor_map_2d(
                 ptr, g.dtype, (g.num_blocks * g.block_size, g.head_size), g.head_size * 2,
                 (64, builds.WG_BLOCK_N))
         return m
