@@ -412,14 +412,10 @@ def balanced_chunks(g: PagedGeometry, path: str, splits: int,
         The cap (>= ``splits``), or 0.
     """
     on = g.tokens > g.batch if config.balanced is None else config.balanced
-    # Asked for explicitly, it may also split a launch the model leaves whole (a long
-    # sequence of a ragged batch in two).
-    lo = 1 if config.balanced is True else 2
-    if (path != "wg" or not on or config.num_splits or splits < lo
+    if (path != "wg" or not on or config.num_splits or splits <= 1
             or not 1 < g.batch <= BALANCED_MAX_BATCH):
         return 0
-    cap = max(splits, min(2 * splits, config.max_splits, BALANCED_MAX_CHUNKS))
-    return cap if cap > 1 else 0
+    return max(splits, min(2 * splits, config.max_splits, BALANCED_MAX_CHUNKS))
 
 
 def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta: np.ndarray | None,
