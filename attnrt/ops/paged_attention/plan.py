@@ -109,8 +109,8 @@ class PagedAttentionConfig:
     balanced
         Balanced split-KV on the wgmma path (``docs/notes/paged_attention.md#balanced-splits``):
         chunk counts per sequence chosen on the device from the real lengths. ``True``: on
-        (1.1-1.3x on decode batches of unequal lengths, 0.85-0.95x on equal ones: its
-        per-CTA prologue); ``False``: the model's count for every sequence; ``None`` (the
+        (1.1-1.3x on decode batches of up to ~32 sequences of unequal lengths, 0.85-0.95x
+        on equal ones: its per-CTA prologue); ``False``: the model's count for every sequence; ``None`` (the
         default): on for batches where a sequence brings several new tokens (speculative
         decode, chunked prefill: the host cannot see how they are spread), else off.
     wg_schedule
