@@ -307,10 +307,8 @@ class CudaRuntime:
 
     def tensor_map_2d(self, address: int, dtype: Any, shape: tuple[int, int], row_bytes: int,
                       box: tuple[int, int], l2_promotion: int = 256) -> bytes:
-        """A TMA descriptor of a 16-bit tensor in device memory, for a kernel's
-        ``__grid_constant__`` parameter: :func:`attnrt.runtime.tma.tensor_map_2d` (same
-        parameters, returns and raises). Kernels that take one ask the runtime, so a runtime
-        without a driver (a test double) can stand in."""
+        """:func:`attnrt.runtime.tma.tensor_map_2d` (same parameters, returns and raises),
+        asked of the runtime so that one without a driver (a test double) can stand in."""
         return tma.tensor_map_2d(address, dtype, shape, row_bytes, box, l2_promotion)
 
     @property

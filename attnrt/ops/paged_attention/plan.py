@@ -18,6 +18,13 @@ import numpy as np
 from attnrt.runtime.errors import KernelError
 
 from .._common import expect
+from .balanced import (
+    BALANCED_MAX_BATCH,
+    BALANCED_MAX_CHUNKS,
+    PAIR_UNITS,
+    balanced_chunks,
+    balanced_grid,
+)
 from .builds import (
     MLA_ROWS,
     MLA_SHAPES,
@@ -32,17 +39,13 @@ from .schema import OP, PagedGeometry
 __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan", "DeviceFacts",
            "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout",
            "counts_offset", "balanced_chunks", "BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH",
-           "WG_SCHEDULES", "PAIR_UNITS", "wg_schedule",
-           "balanced_grid"]
+           "WG_SCHEDULES", "PAIR_UNITS", "wg_schedule", "balanced_grid"]
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
 PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
 #: wgmma kernels: ``auto`` (:func:`wg_schedule`), ``serial`` (``cuda/paged_mla_wg.cu``) or
 #: ``pair`` (the warpgroups alternate tiles, ``cuda/paged_mla_pair.cu``).
 WG_SCHEDULES = ("auto", "serial", "pair")
-#: Busy (row block, chunk) pairs one CTA of a balanced pair-kernel launch takes at most
-#: (mirrors PAIR_UNITS in cuda/paged_mla_pair.cu): docs/notes/paged_attention.md#balanced-splits
-PAIR_UNITS = 8
 WS_ALIGN = 256
 
 
@@ -379,45 +382,6 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
     return PagedPlan(path, block_n, grid_x, splits, lse_off, ws, max_chunks=splits)
 
 
-#: Balanced split-KV limits: the device model weighs at most this many chunk counts, and the
-#: kernel's scratch (its key-tile stages, 144 KiB) holds 5 (B + 1) ints.
-BALANCED_MAX_CHUNKS, BALANCED_MAX_BATCH = 64, 4096
-
-
-def balanced_chunks(g: PagedGeometry, path: str, splits: int,
-                    config: PagedAttentionConfig) -> int:
-    """The chunk cap of balanced split-KV for this plan, or 0 when it does not apply.
-
-    With ``config.balanced`` (``None``: when the batch has more tokens than sequences),
-    the wgmma kernel balances whenever the model splits
-    (``splits > 1``), the count is not forced and there are two or more sequences: it may
-    give a long sequence up to twice the model's count (what a batch of unequal lengths
-    needs) and a short one fewer, choosing on the device from the real lengths:
-    ``docs/notes/paged_attention.md#balanced-splits``.
-
-    Parameters
-    ----------
-    g
-        The geometry.
-    path
-        The read path of the plan.
-    splits
-        The model's count for the shapes.
-    config
-        The knobs (``balanced``, ``num_splits``, ``max_splits``).
-
-    Returns
-    -------
-    int
-        The cap (>= ``splits``), or 0.
-    """
-    on = g.tokens > g.batch if config.balanced is None else config.balanced
-    if (path != "wg" or not on or config.num_splits or splits <= 1
-            or not 1 < g.batch <= BALANCED_MAX_BATCH):
-        return 0
-    return max(splits, min(2 * splits, config.max_splits, BALANCED_MAX_CHUNKS))
-
-
 def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta: np.ndarray | None,
                  caps: Any, path: str, config: PagedAttentionConfig) -> int:
     # Splits are fixed on the host from shapes: docs/notes/paged_attention.md#split-kv
@@ -451,24 +415,3 @@ def wg_schedule(g: PagedGeometry, plan: PagedPlan, config: PagedAttentionConfig)
     if g.block_size % 64 or config.wg_schedule == "serial":
         return "serial"
     return "pair"
-
-
-def balanced_grid(plan: PagedPlan, sms: int) -> int:
-    """CTAs of a balanced pair-kernel launch: persistent, one per SM, each taking every
-    ``grid``-th busy pair of the device schedule, and enough that none takes more than
-    :data:`PAIR_UNITS` of the shapes' bound (``grid_x * max_chunks`` pairs).
-
-    Parameters
-    ----------
-    plan
-        A balanced ``wg`` plan.
-    sms
-        The device's multiprocessor count.
-
-    Returns
-    -------
-    int
-        The grid's size (its x dimension).
-    """
-    bound = plan.grid_x * plan.max_chunks
-    return min(bound, max(sms, -(-bound // PAIR_UNITS)))
