@@ -252,6 +252,19 @@ struct Sched {
   int t_end;  // one past its last tile
 };
 
+// The tiles of a (row block, chunk) pair whose rows read keys [key_lo, key_hi]: a balanced
+// chunk [sc.t_lo, sc.t_end) clipped to them, else split `split` of `num_splits` equal parts.
+__device__ __forceinline__ void pair_tiles(bool balanced, const Sched& sc, int key_lo,
+                                           int key_hi, int bn, int split, int num_splits,
+                                           int& tile_begin, int& n_tiles) {
+  if (balanced) {
+    tile_begin = max(sc.t_lo, key_lo / bn);
+    n_tiles = key_hi >= key_lo ? max(0, min(sc.t_end, key_hi / bn + 1) - tile_begin) : 0;
+  } else {
+    split_tiles(key_lo, key_hi, bn, split, num_splits, tile_begin, n_tiles);
+  }
+}
+
 // The launch's chunk length and busy-pair count; the per-sequence tables stay in scratch
 // for balanced_unit (until the scratch is reused).
 struct SchedPlan {
@@ -437,6 +450,31 @@ __device__ __forceinline__ Sched balanced_sched(
                                      max_splits, sms, tile_us, pro_us, part_us, comb_us,
                                      comb_rate, vhs, scratch);
   return balanced_unit((long long)blockIdx.y * gridDim.x + blockIdx.x, sp, B, scratch);
+}
+
+// Partial RoPE in place on a CTA's M query rows in shared memory (the wgmma kernels, after
+// their Q copy; rows with row_pos < 0 are padding): one (d1, d2) pair per thread and step,
+// NT threads; at(r, c) is the byte offset of row r's 16-byte chunk c (the kernel's swizzle).
+template <typename T, int M, int NT, typename At>
+__device__ __forceinline__ void rope_rows_smem(unsigned char* q, const int* row_pos, int rd,
+                                               int off, int interleaved,
+                                               const T* __restrict__ cos_c,
+                                               const T* __restrict__ sin_c, At at) {
+  const int half = rd >> 1;
+  for (int idx = threadIdx.x; idx < M * half; idx += NT) {
+    const int r = idx / half, i = idx - r * half;
+    const int p = row_pos[r];
+    if (p < 0) continue;
+    const int d1 = interleaved ? off + 2 * i : off + i;
+    const int d2 = interleaved ? d1 + 1 : d1 + half;
+    T* e1 = reinterpret_cast<T*>(q + at(r, d1 >> 3)) + (d1 & 7);
+    T* e2 = reinterpret_cast<T*>(q + at(r, d2 >> 3)) + (d2 & 7);
+    const float cs = Num<T>::to_f(cos_c[(long long)p * half + i]);
+    const float sn = Num<T>::to_f(sin_c[(long long)p * half + i]);
+    const float x1 = Num<T>::to_f(*e1), x2 = Num<T>::to_f(*e2);
+    *e1 = Num<T>::from_f(x1 * cs - x2 * sn);
+    *e2 = Num<T>::from_f(x2 * cs + x1 * sn);
+  }
 }
 
 // Channel d of a head row (x points at the row) after partial RoPE at absolute position pos;

@@ -140,6 +140,10 @@ constexpr int BAR_PV0 = 4;     // WG1 -> WG0: its P V of tile 2i issued (and P o
 #define PA_PAIR_ORDER 1
 #endif
 
+// Lab switch: lazy running max (see raise_max); 0 (off) ships.
+#ifndef PA_PAIR_LAZY
+#define PA_PAIR_LAZY 0
+#endif
 #ifndef PA_PAIR_FULLSYNC
 // Lab only (racecheck): every hand-off's bar.arrive becomes a bar.sync (both warpgroups wait;
 // the same order, no deadlock, slower).
@@ -259,12 +263,8 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
                                   key_lo, key_hi);
     if (b < 0) continue;  // surplus pair (uniform)
     int tile_begin, n_tiles;
-    if (ws_cnt != nullptr) {
-      tile_begin = max(sc.t_lo, key_lo / BN);
-      n_tiles = key_hi >= key_lo ? max(0, min(sc.t_end, key_hi / BN + 1) - tile_begin) : 0;
-    } else {
-      pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
-    }
+    pa::pair_tiles(ws_cnt != nullptr, sc, key_lo, key_hi, BN, split, num_splits, tile_begin,
+                   n_tiles);
     n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
 
     // This thread's two rows in the wgmma accumulator layout (the same in both warpgroups),
@@ -356,21 +356,8 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       fence_proxy_async();
       __syncthreads();
       if (do_rotary) {
-        const int half = rd >> 1;
-        for (int idx = tid; idx < M * half; idx += NTHREADS) {
-          const int r = idx / half, i = idx - r * half;
-          const int p = sRowP[r];
-          if (p < 0) continue;
-          const int d1 = interleaved ? off + 2 * i : off + i;
-          const int d2 = interleaved ? d1 + 1 : d1 + half;
-          elem_t* e1 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d1 >> 3, QBLK)) + (d1 & 7);
-          elem_t* e2 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d2 >> 3, QBLK)) + (d2 & 7);
-          const float cs = N::to_f(cos_c[(long long)p * half + i]);
-          const float sn = N::to_f(sin_c[(long long)p * half + i]);
-          const float x1 = N::to_f(*e1), x2 = N::to_f(*e2);
-          *e1 = N::from_f(x1 * cs - x2 * sn);
-          *e2 = N::from_f(x2 * cs + x1 * sn);
-        }
+        pa::rope_rows_smem<elem_t, M, NTHREADS>(sQ, sRowP, rd, off, interleaved, cos_c, sin_c,
+                                                [](int r, int c) { return sw_off(r, c, QBLK); });
         fence_proxy_async();
         __syncthreads();
       }
@@ -482,6 +469,16 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
             frag[j >> 1][2 * (j & 1) + 1];
       }
     };
+    // The running max only moves when a tile's max exceeds it by more than PA_PAIR_LAZY (log2
+    // units; 0: whenever it grows): P stays <= 2^PA_PAIR_LAZY, and while it holds, O and
+    // the row sums need no rescale (c = 1), which a warp then skips.
+    auto raise_max = [&](float old, float mx) {
+#if PA_PAIR_LAZY
+      return mx > old + (float)PA_PAIR_LAZY ? mx : old;
+#else
+      return fmaxf(old, mx);
+#endif
+    };
     auto rescale = [&](float c0, float c1) {
 #pragma unroll
       for (int q = 0; q < VBW; ++q)
@@ -492,6 +489,12 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
           o[q][4 * j + 2] *= c1;
           o[q][4 * j + 3] *= c1;
         }
+    };
+    auto maybe_rescale = [&](float c0, float c1) {
+#if PA_PAIR_LAZY
+      if (!__any_sync(0xffffffffu, c0 != 1.0f || c1 != 1.0f)) return;
+#endif
+      rescale(c0, c1);
     };
     // O += P V over this warpgroup's value columns of buffer `buf`, issued and committed: P
     // from registers (this warpgroup's tile) or from shared memory at `sp` (the other's).
@@ -560,7 +563,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const float old = sMax[r0 + 8 * hf];
-          const float m_new = fmaxf(old, mx[hf]);
+          const float m_new = raise_max(old, mx[hf]);
           // No key yet: keep -inf in sMax and use 0 here, so no (-inf) - (-inf) appears.
           m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
           c[hf] = ex2_ftz(old - m_use[hf]);
@@ -581,7 +584,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         }
 #endif
         PAIR_MARK(1);
-        rescale(c[0], c[1]);
+        maybe_rescale(c[0], c[1]);
         exp_p(s, m_use, frag, rs);
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) l_run[hf] = l_run[hf] * c[hf] + rs[hf];
@@ -609,7 +612,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         c1 = sSc1[r0 + 8];
 #endif
         PAIR_MARK(5);
-        rescale(c0, c1);
+        maybe_rescale(c0, c1);
         l_run[0] *= c0;
         l_run[1] *= c1;
         if (has1) {
@@ -641,7 +644,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
 #pragma unroll
         for (int hf = 0; hf < 2; ++hf) {
           const float old = sMax[r0 + 8 * hf];
-          const float m_new = fmaxf(old, mx[hf]);
+          const float m_new = raise_max(old, mx[hf]);
           m_use[hf] = m_new == PA_NEG_INF ? 0.0f : m_new;
           const float c1 = has1 ? ex2_ftz(old - m_use[hf]) : 1.0f;
           c[hf] = c1 * sSc0[r0 + 8 * hf];
@@ -662,7 +665,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         }
 #endif
         PAIR_MARK(2);
-        rescale(c[0], c[1]);
+        maybe_rescale(c[0], c[1]);
         if (has1) {
           exp_p(s, m_use, frag, rs);
           store_p(sP1, frag);

@@ -140,12 +140,8 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
                                 key_lo, key_hi);
   if (b < 0) return;  // surplus CTA (uniform)
   int tile_begin, n_tiles;
-  if (ws_cnt != nullptr) {
-    tile_begin = max(sc.t_lo, key_lo / BN);
-    n_tiles = key_hi >= key_lo ? max(0, min(sc.t_end, key_hi / BN + 1) - tile_begin) : 0;
-  } else {
-    pa::split_tiles(key_lo, key_hi, BN, split, num_splits, tile_begin, n_tiles);
-  }
+  pa::pair_tiles(ws_cnt != nullptr, sc, key_lo, key_hi, BN, split, num_splits, tile_begin,
+                 n_tiles);
   // Warp-uniform for ptxas (the same value in every thread already), so the loop's branches
   // keep the wgmma pipeline intact.
   n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
@@ -239,22 +235,8 @@ paged_mla_wg_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ ke
     fence_proxy_async();
     __syncthreads();
     if (do_rotary) {
-      // Partial RoPE on the query rows in place (each pair belongs to one thread).
-      const int half = rd >> 1;
-      for (int idx = tid; idx < M * half; idx += NTHREADS) {
-        const int r = idx / half, i = idx - r * half;
-        const int p = sRowP[r];
-        if (p < 0) continue;
-        const int d1 = interleaved ? off + 2 * i : off + i;
-        const int d2 = interleaved ? d1 + 1 : d1 + half;
-        elem_t* e1 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d1 >> 3, QBLK)) + (d1 & 7);
-        elem_t* e2 = reinterpret_cast<elem_t*>(sQ + sw_off(r, d2 >> 3, QBLK)) + (d2 & 7);
-        const float cs = N::to_f(cos_c[(long long)p * half + i]);
-        const float sn = N::to_f(sin_c[(long long)p * half + i]);
-        const float x1 = N::to_f(*e1), x2 = N::to_f(*e2);
-        *e1 = N::from_f(x1 * cs - x2 * sn);
-        *e2 = N::from_f(x2 * cs + x1 * sn);
-      }
+      pa::rope_rows_smem<elem_t, M, NTHREADS>(sQ, sRowP, rd, off, interleaved, cos_c, sin_c,
+                                              [](int r, int c) { return sw_off(r, c, QBLK); });
       fence_proxy_async();
       __syncthreads();
     }
