@@ -639,7 +639,7 @@ def test_wg_schedule_rule(B, L, bs, schedule, want):
     geo = kernel.validate(c.metas)
     plan = kernel.plan(c.metas)
     assert plan.path == "wg"
-    assert pplan.wg_schedule(geo, plan, cfg) == want, (plan.splits, geo.max_blocks)
+    assert pplan.wg_schedule(geo, cfg) == want, (plan.splits, geo.max_blocks)
 
 
 def test_wg_schedule_knob_is_validated():
@@ -657,4 +657,4 @@ def test_default_config_takes_the_pair_kernel_for_whole_pages():
         kernel = PagedAttentionFactory(None, config=cfg).create(c.node)
         geo = kernel.validate(c.metas)
         plan = kernel.plan(c.metas)
-        assert plan.path == "wg" and pplan.wg_schedule(geo, plan, cfg) == want, (B, bs)
+        assert plan.path == "wg" and pplan.wg_schedule(geo, cfg) == want, (B, bs)

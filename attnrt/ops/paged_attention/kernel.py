@@ -319,7 +319,7 @@ class PagedAttentionKernel:
             args = [q.ptr, kc.ptr, cos_p, sin_p, cu.ptr, past.ptr, bt.ptr, out.ptr, ws_o, ws_lse,
                     latch, i32(g.tokens), i32(g.heads), i32(g.batch), *common, i32(p.max_chunks)]
             if p.path == "wg":
-                sched = wg_schedule(g, p, self.config)
+                sched = wg_schedule(g, self.config)
                 variant = builds.wg_variant(g.dtype, schedule=sched, softcap=a.softcap > 0)
                 fn = self._fn(variant, variant.entries[0])
                 smem = (builds.mla_pair_smem_bytes(g.head_size) if sched == "pair"

@@ -113,16 +113,16 @@ class PagedAttentionConfig:
         Balanced split-KV on the wgmma path (``docs/notes/paged_attention.md#balanced-splits``):
         chunk counts per sequence chosen on the device from the real lengths. ``True``: on
         (1.1-1.3x on decode batches of up to ~32 sequences of unequal lengths, 0.85-0.95x
-        on equal ones: its per-CTA prologue); ``False``: the model's count for every sequence; ``None`` (the
-        default): on for batches where a sequence brings several new tokens (speculative
-        decode, chunked prefill: the host cannot see how they are spread), else off.
+        on equal ones: its per-CTA prologue); ``False``: the model's count for every
+        sequence; ``None`` (the default): on for batches where a sequence brings several new
+        tokens (speculative decode, chunked prefill: the host cannot see how they are
+        spread), else off.
     wg_schedule
         One of :data:`WG_SCHEDULES`: which kernel runs the wgmma path
         (``docs/notes/paged_attention.md#pair-kernel``): ``auto`` (the default) takes the
         pair kernel wherever it applies, ``serial`` and ``pair`` force one. ``pair`` applies
         to block sizes that are a multiple of 64 (it loads whole pages by TMA); other block
-        sizes run ``serial``. Both
-        take the same grid, splits and workspace.
+        sizes run ``serial``. Both take the same splits and workspace.
 
     Raises
     ------
@@ -400,7 +400,7 @@ def _auto_splits(g: PagedGeometry, window: int, grid_x: int, block_n: int, meta:
     return choose_splits(busy, *args, path=path, config=config, lo=grid_pick)
 
 
-def wg_schedule(g: PagedGeometry, plan: PagedPlan, config: PagedAttentionConfig) -> str:
+def wg_schedule(g: PagedGeometry, config: PagedAttentionConfig) -> str:
     """The kernel of a ``wg`` plan, ``"pair"`` or ``"serial"``: ``pair`` needs block sizes
     that are a multiple of 64 (whole 64-key pages by TMA); ``auto`` takes it wherever it
     applies (faster than the serial kernel on every measured row, down to one tile per
@@ -408,9 +408,8 @@ def wg_schedule(g: PagedGeometry, plan: PagedPlan, config: PagedAttentionConfig)
 
     Parameters
     ----------
-    g, plan, config
-        The geometry, its ``wg`` plan (unused: the choice does not depend on it) and the
-        knobs (``wg_schedule``).
+    g, config
+        The geometry and the knobs (``wg_schedule``).
     """
     if g.block_size % 64 or config.wg_schedule == "serial":
         return "serial"
