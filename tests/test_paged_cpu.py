@@ -478,20 +478,30 @@ def test_plan_wgmma_path():
     assert (p.ws_lse_offset, p.ws_bytes) == pa.workspace_layout(128, 512, p.splits)
     # Opted in, but one sequence has nothing to balance.
     assert not _mla_kernel(path="wg", balanced=True).plan(_decode_metas(1, 8192)).balanced
-    # Two sequences: up to twice the model's count per sequence, chosen on the device.
-    b = _mla_kernel(path="wg", balanced=True).plan(_decode_metas(2, 8192))
+    # Two sequences, serial kernel: up to twice the model's count per sequence, chosen on
+    # the device.
+    b = _mla_kernel(path="wg", balanced=True, wg_schedule="serial").plan(_decode_metas(2, 8192))
     assert b.balanced and b.max_chunks == min(2 * b.splits, 64) >= b.splits > 1
     assert (b.ws_lse_offset, b.ws_bytes) == pa.workspace_layout(256, 512, b.max_chunks, True)
     assert b.ws_cnt_offset == pa.counts_offset(256, 512, b.max_chunks)
     assert b.ws_cnt_offset >= b.ws_lse_offset + 256 * b.max_chunks * 4
     assert b.ws_bytes == b.ws_cnt_offset + 256 * 4
     assert k.workspace_requirement(_decode_metas(1, 8192)).nbytes == p.ws_bytes
+    # The pair kernel: the contiguous partition over one CTA per SM, its slots workspace.
+    c = _mla_kernel(path="wg", balanced=True).plan(_decode_metas(2, 8192))
+    assert c.balanced and c.part_ctas == c.max_chunks == 132 and c.grid_x == 4
+    assert (c.ws_lse_offset, c.ws_cnt_offset, c.ws_bytes) == pa.partition_layout(256, 512, 136)
+    assert c.ws_bytes == c.ws_cnt_offset + 2 * 256 * 4
+    assert _mla_kernel(path="wg", balanced=True).workspace_requirement(
+        _decode_metas(2, 8192)).nbytes == c.ws_bytes
     # More tokens than sequences (speculative decode): balanced by default, not when refused.
     spec = _decode_metas(8, 8192, H=16)
     spec[0] = TensorMetadata(BF16, (32, 16 * 576))
     spec[1] = TensorMetadata(BF16, (32, 576))
     spec[10] = TensorMetadata(DataType.INT32, (32,))
     d = _mla_kernel(path="wg", H=16).plan(spec)
+    assert d.balanced and d.part_ctas == 132
+    d = _mla_kernel(path="wg", H=16, wg_schedule="serial").plan(spec)
     assert d.balanced and d.splits > 1 and d.max_chunks == min(2 * d.splits, 64)
     assert not _mla_kernel(path="wg", H=16, balanced=False).plan(spec).balanced
     with pytest.raises(ValueError, match="balanced"):

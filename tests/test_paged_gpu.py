@@ -370,8 +370,12 @@ def _wg_child(schedule: str = "serial") -> None:
             c = make_case(rng, **{**MLA, **kw})
             out, cache, plan = run_wg(c, programmatic=new, balanced=new)
             assert plan.path == "wg" and plan.block_n == 64, plan
-            # Balanced needs two or more sequences (one has nothing to balance).
-            assert plan.balanced == (new and plan.splits > 1 and len(c.inputs[6]) > 1), plan
+            # Balanced needs two or more sequences (one has nothing to balance); the pair
+            # kernel's contiguous partition also cuts launches the model leaves whole.
+            pair = schedule == "pair" and c.bs % 64 == 0
+            assert plan.balanced == (new and len(c.inputs[6]) > 1
+                                     and (pair or plan.splits > 1)), plan
+            assert bool(plan.part_ctas) == (plan.balanced and pair), plan
             check(c, out, cache)
             rt.latch.check()
         return fn
@@ -411,41 +415,52 @@ def _wg_child(schedule: str = "serial") -> None:
             check(bad, out, cache, strict=False)
         return fn
 
-    def few_sms(rng):
-        # Balanced split-KV planned for a 4-SM device: the pair kernel's persistent CTAs take
-        # several busy pairs each, of odd and even tile counts, on the same mbarriers.
-        from dataclasses import replace
+    def few_sms(sms, H, q_lens, past_lens):
+        # Balanced split-KV planned for a device of `sms` SMs: each of the pair kernel's CTAs
+        # walks several row blocks of its range (cut ones among them), of odd and even tile
+        # counts, on the same mbarriers.
+        def fn(rng):
+            from dataclasses import replace
 
-        from attnrt.ops.paged_attention import plan as pp
-        from tests.test_paged_balanced_cpu import balanced
+            from attnrt.ops.paged_attention import plan as pp
+            from tests.test_paged_balanced_cpu import partition
 
-        q_lens, past_lens = (1, 2, 1, 1, 1, 2, 1), (900, 61, 2500, 64, 1300, 700, 190)
-        c = make_case(rng, **{**MLA, "H": 16, "bs": 64}, dtype=BF16, rope="half", q_lens=q_lens,
-                      past_lens=past_lens)
-        bound = Bound(rt, c, path="wg", wg_schedule=schedule, balanced=True)
-        small = replace(rt.capabilities, sm_count=4)
-        bound.kernel._caps = lambda: small
-        try:
-            bound.execute()
-            out, cache = bound.results()
-            p = bound.kernel.last_plan
-            assert p.balanced, p
-            if schedule == "pair":
-                lengths = np.add(q_lens, past_lens)
-                pairs = balanced(np.asarray(q_lens), lengths, 16, -1, c.inputs[7].shape[1] * 64,
-                                 p.block_n, p.max_chunks, p.grid_x, bound.kernel.config,
-                                 sms=4)["ctas"]
-                assert len(pairs) > pp.balanced_grid(p, 4), (len(pairs), p)
-            check(c, out, cache)
-            rt.latch.check()
-        finally:
-            bound.free()
+            c = make_case(rng, **{**MLA, "H": H, "bs": 64}, dtype=BF16, rope="half",
+                          q_lens=q_lens, past_lens=past_lens)
+            bound = Bound(rt, c, path="wg", wg_schedule=schedule, balanced=True)
+            small = replace(rt.capabilities, sm_count=sms)
+            bound.kernel._caps = lambda: small
+            try:
+                bound.execute()
+                out, cache = bound.results()
+                p = bound.kernel.last_plan
+                assert p.balanced, p
+                if schedule == "pair":
+                    assert p.part_ctas == sms, p
+                    lengths = np.add(q_lens, past_lens)
+                    s = partition(np.asarray(q_lens), lengths, H, -1, c.inputs[7].shape[1] * 64,
+                                  p.block_n, sms, pp.partition_overhead(bound.kernel.config))
+                    walked = [len(u) for u in s["ctas"]]
+                    cut = [u[2] for units in s["ctas"] for u in units]
+                    assert max(walked) > 2 and max(cut) > 1, (walked, cut)
+                check(c, out, cache)
+                rt.latch.check()
+            finally:
+                bound.free()
+        return fn
 
     for pdl in (True, False):
         case(f"forced-splits-prefill-pdl{int(pdl)}", forced_splits(pdl))
         case(f"out-of-range-ids-pdl{int(pdl)}", out_of_range(pdl))
     case("one-split-many-tiles", one_split)
-    case("balanced-planned-for-4-sms", few_sms)
+    case("balanced-planned-for-4-sms", few_sms(4, 16, (1, 2, 1, 1, 1, 2, 1),
+                                                 (900, 61, 2500, 64, 1300, 700, 190)))
+    # One CTA walks every row block; then 40 ragged sequences of H128 (two row blocks each)
+    # on 7 SMs, one 100x the others.
+    case("balanced-planned-for-1-sm", few_sms(1, 32, (1, 1, 2, 1), (3000, 5, 64, 700)))
+    ragged = tuple(int(v) for v in np.random.default_rng(40).integers(1, 300, size=40))
+    case("balanced-planned-for-7-sms-h128-ragged",
+         few_sms(7, 128, (1,) * 40, ragged[:-1] + (100 * ragged[-1],)))
     rt.synchronize()
     leaked = rt.memory_stats().live_bytes - before
     rt.close()

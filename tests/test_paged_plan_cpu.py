@@ -141,6 +141,12 @@ def check_plan(q: np.ndarray, lengths: np.ndarray, H: int, window: int, g: Paged
     # Each (token, head) row is owned by exactly one CTA column: the combine merges them all.
     rows = k["orow"][k["valid"]]
     assert np.array_equal(np.sort(rows), np.arange(g.tokens * H))
+    if p.balanced and p.part_ctas:  # the pair kernel's partition: test_paged_balanced_cpu.py
+        lse_off, cnt_off, total = pp.partition_layout(g.tokens * H, g.v_head_size,
+                                                      p.grid_x + p.part_ctas)
+        assert (p.ws_lse_offset, p.ws_cnt_offset, p.ws_bytes) == (lse_off, cnt_off, total)
+        assert p.max_chunks == p.part_ctas
+        return
     if p.balanced:  # chunks are chosen on the device: tests/test_paged_balanced_cpu.py
         assert p.max_chunks >= p.splits > 1
         lse_off, total = pp.workspace_layout(g.tokens * H, g.v_head_size, p.max_chunks, True)
@@ -219,9 +225,13 @@ def test_study_rows_split_as_predicted(B, H, tiles, before, after):
     assert old_auto(g, -1, "wg", 64) == before
     assert p.splits == after
     assert p.ws_bytes == pp.workspace_layout(B * H, 512, after)[1]
-    b = pp.plan_launch(g, -1, H200, PagedAttentionConfig(balanced=True))
+    b = pp.plan_launch(g, -1, H200, PagedAttentionConfig(balanced=True, wg_schedule="serial"))
     assert b.balanced and b.splits == after and b.max_chunks == min(2 * after, 64)
     assert b.ws_bytes == pp.workspace_layout(B * H, 512, b.max_chunks, counts=True)[1]
+    # The pair kernel's partition: one CTA per SM, slots for every row block and CTA.
+    c = pp.plan_launch(g, -1, H200, PagedAttentionConfig(balanced=True))
+    assert c.balanced and c.part_ctas == c.max_chunks == H200.sm_count
+    assert c.ws_bytes == pp.partition_layout(B * H, 512, c.grid_x + 132)[2]
     # One busy CTA per sequence and split: B8 fills 128 of 132 SMs, B32 H16 L4k one wave.
     if (B, after) in ((8, 16), (32, 4)):
         assert B * after == 128

@@ -232,6 +232,67 @@ __device__ __forceinline__ void split_tiles(int key_lo, int key_hi, int bn, int 
   }
 }
 
+// The rows and keys of sequence b as split-KV balancing sees them (both wgmma kernels): its
+// q new tokens make rb = ceil(q H / M) row blocks from x0 = G(b) on (as mla_rows), and every
+// key they read lies in the n tiles [t0, t0 + n) of its key span (first token's window start
+// .. last token's position; n = 0: none). A malformed cu entry gives a sequence of no rows.
+struct SeqShape {
+  int qn, rb, n, t0, x0;
+};
+struct SeqArgs {
+  const int* cu;
+  const int* past;
+  int n_tokens, H, M, bn, key_cap, window;
+  __device__ __forceinline__ SeqShape shape(int b) const {
+    SeqShape s{0, 0, 0, 0, 0};
+    const long long c0 = cu[b], c1 = cu[b + 1];
+    s.x0 = (int)floor_div(c0 * H, M) + ((H % M) ? b : 0);
+    if (c0 >= 0 && c0 <= c1 && c1 <= n_tokens && c1 > c0) {
+      const long long q = c1 - c0;
+      s.qn = (int)q;
+      s.rb = (int)((q * H + M - 1) / M);
+      const long long p0 = past[b];
+      const long long hi = min(p0 + q - 1, (long long)key_cap);
+      const long long first = min(p0, (long long)key_cap);
+      const long long lo = window >= 0 ? max(0LL, first - window) : 0LL;
+      if (hi >= 0 && hi >= lo) {
+        s.t0 = (int)(lo / bn);
+        s.n = (int)(hi / bn) - s.t0 + 1;
+      }
+    }
+    return s;
+  }
+};
+
+// In place: v[0 .. B) becomes its exclusive prefix sums and v[B] the total. Each thread sums a
+// contiguous run, then a warp scan and a scan of the warp totals give its run's offset. Every
+// thread of the CTA calls it after a __syncthreads that published v; it ends with one.
+__device__ __forceinline__ void block_exclusive_scan(int* v, int B) {
+  __shared__ int sWarp[32];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (B + blockDim.x - 1) / blockDim.x;
+  const int b0 = min(B, tid * per), b1 = min(B, b0 + per);
+  int mine = 0;
+  for (int b = b0; b < b1; ++b) mine += v[b];
+  int incl = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int u = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += u;
+  }
+  if (lane == 31) sWarp[warp] = incl;
+  __syncthreads();
+  int acc = incl - mine;
+  for (int w = 0; w < warp; ++w) acc += sWarp[w];
+  for (int b = b0; b < b1; ++b) {
+    const int x = v[b];
+    v[b] = acc;
+    acc += x;
+  }
+  if (tid == blockDim.x - 1) v[B] = acc;
+  __syncthreads();
+}
+
 // ---- Balanced split-KV (paged_mla_wg.cu, docs/notes/paged_attention.md#balanced-splits).
 // Every CTA computes the same schedule from cu / past (no readback, capturable). Sequence b
 // with q_b new tokens has rb_b = ceil(q_b H / M) row blocks (G(b) .. G(b) + rb_b - 1) whose
@@ -287,26 +348,14 @@ __device__ __forceinline__ SchedPlan balanced_plan(
   __shared__ int sPick;
   if (tid == 0) sMax = 0;
   __syncthreads();
+  const SeqArgs sa{cu, past, n_tokens, H, M, bn, key_cap, window};
   for (int b = tid; b < B; b += blockDim.x) {
-    const long long c0 = cu[b], c1 = cu[b + 1];
-    int n = 0, qn = 0, t0 = 0;
-    if (c0 >= 0 && c0 <= c1 && c1 <= n_tokens && c1 > c0) {
-      const long long q = c1 - c0;
-      qn = (int)q;
-      const long long p0 = past[b];
-      const long long hi = min(p0 + q - 1, (long long)key_cap);
-      const long long first = min(p0, (long long)key_cap);
-      const long long lo = window >= 0 ? max(0LL, first - window) : 0LL;
-      if (hi >= 0 && hi >= lo) {
-        t0 = (int)(lo / bn);
-        n = (int)(hi / bn) - t0 + 1;
-      }
-    }
-    sN[b] = n;
-    sQn[b] = qn;
-    sT0[b] = t0;
-    sX0[b] = (int)floor_div(c0 * H, M) + ((H % M) ? b : 0);
-    if (n > 0) atomicMax(&sMax, n);
+    const SeqShape sh = sa.shape(b);
+    sN[b] = sh.n;
+    sQn[b] = sh.qn;
+    sT0[b] = sh.t0;
+    sX0[b] = sh.x0;
+    if (sh.n > 0) atomicMax(&sMax, sh.n);
   }
   __syncthreads();
   const int n_max = sMax;
@@ -380,34 +429,13 @@ __device__ __forceinline__ SchedPlan balanced_plan(
   }
   __syncthreads();
   const int C = n_max > 0 ? (n_max + sPick - 1) / sPick : 1;
-  // Exclusive prefix of the busy pairs per sequence: each thread sums a contiguous run of
-  // sequences, a warp scan and a scan of the warp totals give its run's offset.
-  __shared__ int sWarp[32];
-  const int per = (B + blockDim.x - 1) / blockDim.x;
-  const int b0 = min(B, tid * per), b1 = min(B, b0 + per);
-  int mine = 0;
-  for (int b = b0; b < b1; ++b) {
+  // Exclusive prefix of the busy pairs per sequence.
+  for (int b = tid; b < B; b += blockDim.x) {
     const int rb = rbs(b);
-    mine += rb * (sN[b] > 0 ? (sN[b] + C - 1) / C : (rb > 0 ? 1 : 0));
+    sPre[b] = rb * (sN[b] > 0 ? (sN[b] + C - 1) / C : (rb > 0 ? 1 : 0));
   }
-  int incl = mine;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const int v = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += v;
-  }
-  if (lane == 31) sWarp[warp] = incl;
   __syncthreads();
-  int base = 0;
-  for (int w = 0; w < warp; ++w) base += sWarp[w];
-  int acc = base + incl - mine;
-  for (int b = b0; b < b1; ++b) {
-    sPre[b] = acc;
-    const int rb = rbs(b);
-    acc += rb * (sN[b] > 0 ? (sN[b] + C - 1) / C : (rb > 0 ? 1 : 0));
-  }
-  if (tid == blockDim.x - 1) sPre[B] = acc;
-  __syncthreads();
+  block_exclusive_scan(sPre, B);
   return SchedPlan{C, sPre[B]};
 }
 
@@ -450,6 +478,87 @@ __device__ __forceinline__ Sched balanced_sched(
                                      max_splits, sms, tile_us, pro_us, part_us, comb_us,
                                      comb_rate, vhs, scratch);
   return balanced_unit((long long)blockIdx.y * gridDim.x + blockIdx.x, sp, B, scratch);
+}
+
+// ---- Contiguous partition: the pair kernel's balanced launch (paged_mla_pair.cu;
+// docs/notes/paged_attention.md#contiguous-partition). The busy row blocks in x order
+// (sequence-major) lie end to end on a line of positions, each w = ovh + m wide: ovh for its
+// fixed cost (setup, Q, pipeline fill, epilogue) and then one per tile of its span, m =
+// max(n, 1) (a row block with rows but no keys still takes a unit). CTA c of the G in the grid
+// takes the positions [c C, (c + 1) C), C = ceil(W / G), W the line's length: every tile
+// lies in exactly one CTA's range, and a row block's chunks are the ranges it meets, in key
+// order (the one of CTA c is c - floor(T / C), T its first tile's position). Row block x cut
+// by CTA c writes its partials to slot x + c (unique: both grow along the line). Every CTA
+// computes the same line from cu / past (no readback, capturable); its row blocks are walked
+// from global memory one after the other (part_next), so a CTA may take any number of them.
+struct Part {
+  int c, C, a, e;  // this CTA, the range length, its range [a, e)
+  int b, j, start;  // the cursor: row block j of sequence b, whose width starts at `start`
+  SeqShape s;       // sequence b's
+};
+
+// The CTA's range and the cursor at its first row block. Scratch: B + 1 ints, free again
+// after the caller's next __syncthreads. Every thread calls it and gets the same result.
+__device__ __forceinline__ Part part_begin(const SeqArgs& sa, int B, int ovh, int* scratch) {
+  for (int b = threadIdx.x; b < B; b += blockDim.x) {
+    const SeqShape sh = sa.shape(b);
+    scratch[b] = sh.rb * (ovh + max(sh.n, 1));
+  }
+  __syncthreads();
+  block_exclusive_scan(scratch, B);
+  Part p;
+  const int W = scratch[B], G = gridDim.x * gridDim.y;
+  p.C = max((W + G - 1) / G, 1);
+  p.c = blockIdx.y * gridDim.x + blockIdx.x;
+  p.a = (int)min((long long)p.c * p.C, (long long)W);
+  p.e = min(p.a + p.C, W);
+  p.b = B;
+  p.j = p.start = 0;
+  p.s = SeqShape{0, 0, 0, 0, 0};
+  if (p.a < W) {
+    int lo = 0, hi = B - 1, b = 0;  // the last b with scratch[b] <= a: its width holds a
+    while (lo <= hi) {
+      const int mid = (lo + hi) >> 1;
+      if (scratch[mid] <= p.a) {
+        b = mid;
+        lo = mid + 1;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    p.b = b;
+    p.s = sa.shape(b);
+    const int w = ovh + max(p.s.n, 1);
+    p.j = (p.a - scratch[b]) / w;
+    p.start = scratch[b] + p.j * w;
+  }
+  return p;
+}
+
+// The next (row block, chunk) of the CTA's range into sc, advancing the cursor; false when
+// the range holds no more tiles. Uniform: every thread walks the same cursor.
+__device__ __forceinline__ bool part_next(Part& p, const SeqArgs& sa, int B, int ovh,
+                                          Sched& sc) {
+  for (;;) {
+    if (p.b >= B || p.start >= p.e) return false;
+    if (p.j >= p.s.rb) {  // on to the next sequence (one of no rows has no width)
+      if (++p.b >= B) return false;
+      p.s = sa.shape(p.b);
+      p.j = 0;
+      continue;
+    }
+    const int m = max(p.s.n, 1), T = p.start + ovh;
+    if (T >= p.e) return false;
+    const int lo = max(p.a, T), hi = min(p.e, T + m), first = T / p.C;
+    sc.x = p.s.x0 + p.j;
+    sc.chunk = p.c - first;
+    sc.k = (T + m - 1) / p.C - first + 1;
+    sc.t_lo = p.s.t0 + (lo - T);
+    sc.t_end = p.s.t0 + (hi - T);
+    p.start += ovh + m;
+    ++p.j;
+    return true;
+  }
 }
 
 // Partial RoPE in place on a CTA's M query rows in shared memory (the wgmma kernels, after

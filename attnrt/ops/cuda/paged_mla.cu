@@ -427,7 +427,7 @@ constexpr int COMBINE_CHUNK = 64;
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_lse,
                   elem_t* __restrict__ out, int rows, int num_splits,
-                  const int* __restrict__ counts) {
+                  const int* __restrict__ counts, int slot_rows) {
   typedef pa::Num<elem_t> N;
   __shared__ float sw[COMBINE_CHUNK];
   const int tid = threadIdx.x, lane = tid & 31;
@@ -438,24 +438,33 @@ paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_l
   // partials before touching the workspace or the output.
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-  // counts (balanced split-KV, paged_mla_wg.cu): this row's chunks; 1: written directly.
-  // (Clamped: a count is never trusted to index past the row's num_splits slots.)
-  const int used = counts != nullptr ? min(counts[row], num_splits) : num_splits;
+  // counts (balanced split-KV): this row's chunks; 1: written directly. Partials of split s
+  // at slot row base + s * stride: the row's own num_splits slots (base row * num_splits,
+  // stride 1), or with slot_rows > 0 the pair kernel's partition (paged_mla_pair.cu): row
+  // block slots of 64 rows, the row's first slot row after the counts (stride 64). Clamped:
+  // a count or base is never trusted to index past the slots.
+  long long base = row * num_splits, stride = 1;
+  int used = counts != nullptr ? min(counts[row], num_splits) : num_splits;
+  if (slot_rows > 0) {
+    base = counts[rows + row];
+    stride = 64;
+    used = base >= 0 && base < slot_rows ? min(used, (int)((slot_rows - 1 - base) / 64) + 1) : 0;
+  }
   if (counts != nullptr && used <= 1) return;  // uniform
-  const float* lse = ws_lse + row * num_splits;
+  const float* lse = ws_lse + base;
   // Max and sum of 2^lse, computed redundantly by every warp (no barrier needed).
   float mx = PA_NEG_INF;
-  for (int s = lane; s < used; s += 32) mx = fmaxf(mx, lse[s]);
+  for (int s = lane; s < used; s += 32) mx = fmaxf(mx, lse[s * stride]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   float sum = 0.0f;
   if (mx != PA_NEG_INF) {
-    for (int s = lane; s < used; s += 32) sum += exp2f(lse[s] - mx);
+    for (int s = lane; s < used; s += 32) sum += exp2f(lse[s * stride] - mx);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  const float* po = ws_o + row * num_splits * (long long)VHS;
+  const float* po = ws_o + base * VHS;
   elem_t* dst = out + row * VHS;
   constexpr int NCOL = (VHS + 4 * COMBINE_THREADS - 1) / (4 * COMBINE_THREADS);
   float4 acc[NCOL];
@@ -464,12 +473,12 @@ paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_l
   for (int s0 = 0; s0 < used; s0 += COMBINE_CHUNK) {
     const int ns = min(COMBINE_CHUNK, used - s0);
     __syncthreads();  // the previous chunk's weights are no longer read
-    if (tid < ns) sw[tid] = mx != PA_NEG_INF ? exp2f(lse[s0 + tid] - mx) * inv : 0.0f;
+    if (tid < ns) sw[tid] = mx != PA_NEG_INF ? exp2f(lse[(s0 + tid) * stride] - mx) * inv : 0.0f;
     __syncthreads();
 #pragma unroll 8
     for (int s = 0; s < ns; ++s) {
       const float w = sw[s];
-      const float* src = po + (long long)(s0 + s) * VHS;
+      const float* src = po + (s0 + s) * stride * VHS;
 #pragma unroll
       for (int k = 0; k < NCOL; ++k) {
         const int d = 4 * tid + 4 * COMBINE_THREADS * k;

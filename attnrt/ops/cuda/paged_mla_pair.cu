@@ -97,8 +97,6 @@ constexpr int OFF_MU = OFF_SC1 + M * 4;          // float[2][M] each warpgroup's
 constexpr int OFF_BAR = OFF_MU + 2 * M * 4;      // u64[2][HB] sub-tile mbarriers
 constexpr int SMEM_USED = OFF_BAR + 2 * HB * 8;
 constexpr int SMEM_BYTES = SMEM_USED + 1024;  // + slack to round the base up to 1024 bytes
-// Busy pairs one CTA of a balanced launch takes at most (kernel.py: plan.PAIR_UNITS).
-constexpr int PAIR_UNITS = 8;
 static_assert(OFF_K % 1024 == 0 && OFF_P1 % 1024 == 0 && T_BYTES % 1024 == 0 &&
               OFF_BAR % 8 == 0, "swizzle atoms 1024-byte, mbarriers 8-byte aligned");
 
@@ -189,8 +187,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
                    unsigned* __restrict__ latch, int n_tokens, int H, int B, int num_blocks,
                    int block_size, int max_blocks, int rd, int off, int max_pos, int interleaved,
                    int do_rotary, float scale, float softcap, int window, int num_splits,
-                   int* __restrict__ ws_cnt, int sms, float tile_us, float pro_us,
-                   float part_us, float comb_us, float comb_rate,
+                   int* __restrict__ ws_cnt, int overhead,
                    const __grid_constant__ TmaDesc kv_map) {
   typedef pa::Num<elem_t> N;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -215,26 +212,17 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   // Warp-uniform (a shuffle from lane 0), so ptxas keeps the wgmma of each branch pipelined.
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wq = warp & 3;
   const int g = lane >> 2, tq = lane & 3;
-  // Balanced split-KV runs persistently (kernel.py sizes the grid): the CTA takes the busy
-  // (row block, chunk) pairs first, first + stride, ... of the device schedule, at most
-  // PAIR_UNITS, one after the other with the same mbarriers; otherwise one pair, its own.
-  // docs/notes/paged_attention.md#balanced-splits
-  __shared__ pa::Sched sUnits[PAIR_UNITS];
-  int n_units = 1;
-  if (ws_cnt != nullptr) {
-    int* scratch = reinterpret_cast<int*>(smem + OFF_K);
-    const pa::SchedPlan sp =
-        pa::balanced_plan(cu, past, n_tokens, H, B, M, BN, max_blocks * block_size, window,
-                          num_splits, sms, tile_us, pro_us, part_us, comb_us, comb_rate, VHS,
-                          scratch);
-    const long long first = (long long)blockIdx.y * gridDim.x + blockIdx.x;
-    const long long stride = (long long)gridDim.x * gridDim.y;
-    if (tid < PAIR_UNITS)
-      sUnits[tid] = pa::balanced_unit(first + tid * stride, sp, B, scratch);
-    n_units = first < sp.total
-                  ? (int)min((long long)PAIR_UNITS, (sp.total - first + stride - 1) / stride)
-                  : 0;
-    __syncthreads();  // sUnits written, the scratch (tile buffers) read
+  // Balanced split-KV (ws_cnt != nullptr; the partials then go to the partition's row-block
+  // slots, and ws_cnt holds each row's chunk count and first slot row): one CTA per SM, each taking its contiguous range of the (row block, tile) line, row block
+  // by row block on the same mbarriers (pa::part_begin; overhead is a row block's fixed cost
+  // in tiles). Otherwise one pair, its own: row block blockIdx.x, split blockIdx.y.
+  // docs/notes/paged_attention.md#contiguous-partition
+  const bool balanced = ws_cnt != nullptr;
+  const pa::SeqArgs seqs{cu, past, n_tokens, H, M, BN, max_blocks * block_size, window};
+  pa::Part part{};
+  if (balanced) {
+    part = pa::part_begin(seqs, B, overhead, reinterpret_cast<int*>(smem + OFF_K));
+    __syncthreads();  // the scratch (tile buffers) read
   }
   if (tid == 0) {
 #pragma unroll
@@ -245,15 +233,17 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   // Parity of each buffer's next mbarrier phase: a pair fills buffer 0 ceil(n / 2) times
   // and buffer 1 floor(n / 2) times, every fill waited on within the pair.
   unsigned ph0 = 0, ph1 = 0;
-  for (int u = 0; u < n_units; ++u) {
+  for (int u = 0;; ++u) {
     int x = blockIdx.x;
     int split = blockIdx.y, n_split = num_splits;
     pa::Sched sc{0, 0, 0, 0, 0};
-    if (ws_cnt != nullptr) {
-      sc = sUnits[u];
+    if (balanced) {
+      if (!pa::part_next(part, seqs, B, overhead, sc)) break;
       x = sc.x;
       split = sc.chunk;
       n_split = sc.k;
+    } else if (u > 0) {
+      break;
     }
     if (u > 0) __syncthreads();  // the last pair's epilogue read its row sums where mla_rows writes
 
@@ -263,7 +253,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
                                   key_lo, key_hi);
     if (b < 0) continue;  // surplus pair (uniform)
     int tile_begin, n_tiles;
-    pa::pair_tiles(ws_cnt != nullptr, sc, key_lo, key_hi, BN, split, num_splits, tile_begin,
+    pa::pair_tiles(balanced, sc, key_lo, key_hi, BN, split, num_splits, tile_begin,
                    n_tiles);
     n_tiles = __shfl_sync(0xffffffffu, n_tiles, 0);
 
@@ -718,12 +708,16 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       const int orow = my_out[hf];
       if (orow < 0) continue;
       const float l = sL[r] + sL[M + r];
+      // The row's slot row: its own split slots, or with balancing the partition's slot
+      // x + c of 64 rows (pa::part_begin); chunk 0 records the count and the first slot row.
+      const long long slot = balanced ? (long long)(x + part.c) * M + r
+                                      : (long long)orow * num_splits + split;
       if (wg == 0 && tq == 0) {
-        if (ws_cnt != nullptr && split == 0) ws_cnt[orow] = n_split;
-        if (n_split > 1) {
-          ws_lse[(long long)orow * num_splits + split] =
-              l > 0.0f ? sMax[r] + __log2f(l) : PA_NEG_INF;
+        if (balanced && split == 0) {
+          ws_cnt[orow] = n_split;
+          ws_cnt[(long long)n_tokens * H + orow] = (int)(slot);
         }
+        if (n_split > 1) ws_lse[slot] = l > 0.0f ? sMax[r] + __log2f(l) : PA_NEG_INF;
       }
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       const int col = wg * (VHS / 2) + 2 * tq;
@@ -736,7 +730,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
             *reinterpret_cast<unsigned*>(dst + 64 * q + 8 * j) =
                 N::pack2(o[q][4 * j + 2 * hf] * inv, o[q][4 * j + 2 * hf + 1] * inv);
       } else {
-        float* dst = ws_o + ((long long)orow * num_splits + split) * VHS + col;
+        float* dst = ws_o + slot * VHS + col;
 #pragma unroll
         for (int q = 0; q < VBW; ++q)
 #pragma unroll

@@ -25,11 +25,12 @@ from .plan import (
     SplitCost,
     choose_splits,
     counts_offset,
+    partition_layout,
     workspace_layout,
 )
 from .schema import PAGED_POSITION_OUT_OF_RANGE, PagedGeometry, unsupported_reason
 
 __all__ = ["PagedAttentionFactory", "PagedAttentionKernel", "PagedAttentionConfig", "PagedPlan",
            "PagedGeometry", "SplitCost", "unsupported_reason", "compile_variants",
-           "workspace_layout", "counts_offset", "choose_splits", "mla_smem_bytes", "mla_wg_smem_bytes",
+           "workspace_layout", "counts_offset", "partition_layout", "choose_splits", "mla_smem_bytes", "mla_wg_smem_bytes",
            "simple_smem_bytes", "PAGED_POSITION_OUT_OF_RANGE"]

@@ -1,25 +1,36 @@
-"""Balanced split-KV, host side: when it applies, its chunk cap and the pair kernel's persistent
-grid (docs/notes/paged_attention.md#balanced-splits). The schedule itself is computed on the
-device (``pa::balanced_plan`` in ``cuda/paged_common.cuh``).
+"""Balanced split-KV, host side: when it applies and with what workspace. The serial wgmma
+kernel's per-sequence chunk counts (docs/notes/paged_attention.md#balanced-splits) and the
+pair kernel's contiguous partition (docs/notes/paged_attention.md#contiguous-partition) are
+both computed on the device (``pa::balanced_plan``, ``pa::part_begin`` in
+``cuda/paged_common.cuh``); this module only decides when and sizes the launch.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .plan import PagedAttentionConfig, PagedPlan
     from .schema import PagedGeometry
 
-__all__ = ["BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH", "PAIR_UNITS", "balanced_chunks",
-           "balanced_grid"]
+__all__ = ["BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH", "WS_ALIGN", "balanced_on",
+           "balanced_chunks", "partition_applies", "partition_overhead", "partition_layout"]
 
-#: Busy (row block, chunk) pairs one CTA of a balanced pair-kernel launch takes at most
-#: (mirrors PAIR_UNITS in cuda/paged_mla_pair.cu): docs/notes/paged_attention.md#balanced-splits
-PAIR_UNITS = 8
 #: Balanced split-KV limits: the device model weighs at most this many chunk counts, and the
-#: kernel's scratch (its key-tile stages, 144 KiB) holds 5 (B + 1) ints.
+#: kernels' scratch (their key-tile stages, 144 KiB) holds 5 (B + 1) ints.
 BALANCED_MAX_CHUNKS, BALANCED_MAX_BATCH = 64, 4096
+#: Alignment of the workspace and of each of its arrays.
+WS_ALIGN = 256
+# The partition's positions are int32 on the device: the shapes' bound stays under this.
+_PARTITION_SPAN = 1 << 30
+_ROWS = 64  # (token, head) rows of a row block
+
+
+def balanced_on(g: PagedGeometry, config: PagedAttentionConfig) -> bool:
+    """Whether the config asks for balanced split-KV on this geometry (``None``: when the
+    batch has more tokens than sequences)."""
+    return g.tokens > g.batch if config.balanced is None else bool(config.balanced)
 
 
 def balanced_chunks(g: PagedGeometry, path: str, splits: int,
@@ -49,29 +60,74 @@ def balanced_chunks(g: PagedGeometry, path: str, splits: int,
     int
         The cap (>= ``splits``), or 0.
     """
-    on = g.tokens > g.batch if config.balanced is None else config.balanced
-    if (path != "wg" or not on or config.num_splits or splits <= 1
+    if (path != "wg" or not balanced_on(g, config) or config.num_splits or splits <= 1
             or not 1 < g.batch <= BALANCED_MAX_BATCH):
         return 0
     return max(splits, min(2 * splits, config.max_splits, BALANCED_MAX_CHUNKS))
 
 
-def balanced_grid(plan: PagedPlan, sms: int) -> int:
-    """CTAs of a balanced pair-kernel launch: persistent, one per SM, each taking every
-    ``grid``-th busy pair of the device schedule, and enough that none takes more than
-    :data:`PAIR_UNITS` of the shapes' bound (``grid_x * max_chunks`` pairs).
+def partition_applies(g: PagedGeometry, path: str, config: PagedAttentionConfig,
+                      grid_x: int) -> bool:
+    """Whether a pair-kernel plan runs the contiguous partition: balancing asked for, the
+    count not forced, two or more sequences, and the shapes' line of positions within int32.
 
     Parameters
     ----------
-    plan
-        A balanced ``wg`` plan.
-    sms
-        The device's multiprocessor count.
+    g
+        The geometry.
+    path
+        The read path of the plan (``"wg"`` with the pair kernel).
+    config
+        The knobs (``balanced``, ``num_splits``, ``max_splits``, ``wg_cost``).
+    grid_x
+        The plan's row blocks.
+    """
+    if path != "wg" or not balanced_on(g, config) or config.num_splits or config.max_splits < 2:
+        return False
+    if not 1 < g.batch <= BALANCED_MAX_BATCH:
+        return False
+    # int32 on the device: the line's positions, and the slot rows ((grid_x + CTAs) x 64).
+    tiles = -(-g.max_blocks * g.block_size // _ROWS) + 1
+    return (grid_x * (tiles + 1 + partition_overhead(config)) < _PARTITION_SPAN
+            and (grid_x + 4096) * _ROWS < _PARTITION_SPAN)
+
+
+def partition_overhead(config: PagedAttentionConfig) -> int:
+    """A row block's fixed cost on the partition's line, in key tiles: the wgmma cost model's
+    CTA prologue over its tile, rounded up (2 with the defaults).
+
+    Parameters
+    ----------
+    config
+        The knobs (``wg_cost``).
+    """
+    c = config.wg_cost
+    return max(0, math.ceil(c.prologue_us / c.tile_us - 1e-9))
+
+
+def partition_layout(rows: int, v_head_size: int, slots: int) -> tuple[int, int, int]:
+    """The partition's workspace: f32 partials of ``slots`` row blocks (O [slots * 64,
+    v_head_size], then the log-sum-exps [slots * 64]), then int32 [rows] chunk counts and
+    int32 [rows] first slot rows. Row block ``x`` cut by CTA ``c`` writes slot ``x + c``
+    (unique: both grow along the line), so ``slots = grid_x + CTAs`` always suffices.
+
+    Parameters
+    ----------
+    rows
+        Tokens times heads.
+    v_head_size
+        Value width.
+    slots
+        Row-block slots.
 
     Returns
     -------
-    int
-        The grid's size (its x dimension).
+    tuple of int
+        ``(lse_offset, counts_offset, total_bytes)``.
     """
-    bound = plan.grid_x * plan.max_chunks
-    return min(bound, max(sms, -(-bound // PAIR_UNITS)))
+    def up(n: int) -> int:
+        return -(-n // WS_ALIGN) * WS_ALIGN
+
+    lse_off = up(slots * _ROWS * v_head_size * 4)
+    cnt_off = up(lse_off + slots * _ROWS * 4)
+    return lse_off, cnt_off, cnt_off + 2 * rows * 4

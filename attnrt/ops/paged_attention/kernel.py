@@ -33,7 +33,7 @@ from .plan import (
     WS_ALIGN,
     PagedAttentionConfig,
     PagedPlan,
-    balanced_grid,
+    partition_overhead,
     plan_launch,
     unsplit,
     wg_schedule,
@@ -324,25 +324,30 @@ class PagedAttentionKernel:
                 fn = self._fn(variant, variant.entries[0])
                 smem = (builds.mla_pair_smem_bytes(g.head_size) if sched == "pair"
                         else builds.mla_wg_smem_bytes(g.head_size))
-                # The device-side split model: the planner's, with the real lengths.
-                c, cfg = self.config.wg_cost, self.config
-                args += [ws_cnt, i32(self._caps().sm_count), f32(c.tile_us), f32(c.prologue_us),
-                         f32(c.partial_us), f32(cfg.combine_launch_us),
-                         f32(cfg.combine_bytes_per_us)]
                 if sched == "pair":
-                    args.append(self._kv_map(kc.ptr, g))
+                    # The contiguous partition weighs a row block's fixed cost in tiles.
+                    args += [ws_cnt, i32(partition_overhead(self.config)),
+                             self._kv_map(kc.ptr, g)]
+                else:
+                    # The device-side split model: the planner's, with the real lengths.
+                    c, cfg = self.config.wg_cost, self.config
+                    args += [ws_cnt, i32(self._caps().sm_count), f32(c.tile_us),
+                             f32(c.prologue_us), f32(c.partial_us), f32(cfg.combine_launch_us),
+                             f32(cfg.combine_bytes_per_us)]
             else:
                 fn, smem = self._fn(mla, "paged_mla_fwd"), builds.mla_smem_bytes(p.block_n, g.head_size)
             grid = (p.grid_x, p.max_chunks, 1)
-            if p.path == "wg" and p.balanced and sched == "pair":
-                grid = (balanced_grid(p, self._caps().sm_count), 1, 1)
+            if p.part_ctas:
+                grid = (p.part_ctas, 1, 1)
             todo.append((fn, grid, (builds.MLA_THREADS, 1, 1), args, smem,
                          pdl and p.path == "wg" and "write" in self._phases))
         if p.max_chunks > 1 and "combine" in self._phases:
             rows = g.tokens * g.heads
             todo.append((self._fn(mla, "paged_mla_combine"), (rows, 1, 1),
                          (builds.COMBINE_THREADS, 1, 1),
-                         [ws_o, ws_lse, out.ptr, i32(rows), i32(p.max_chunks), ws_cnt], 0, pdl))
+                         [ws_o, ws_lse, out.ptr, i32(rows), i32(p.max_chunks), ws_cnt,
+                          i32((p.grid_x + p.part_ctas) * builds.MLA_ROWS if p.part_ctas else 0)],
+                         0, pdl))
         return self._checked(todo)
 
     def _kv_map(self, ptr: int, g: PagedGeometry) -> bytes:

@@ -21,9 +21,11 @@ from .._common import expect
 from .balanced import (
     BALANCED_MAX_BATCH,
     BALANCED_MAX_CHUNKS,
-    PAIR_UNITS,
+    WS_ALIGN,
     balanced_chunks,
-    balanced_grid,
+    partition_applies,
+    partition_layout,
+    partition_overhead,
 )
 from .builds import (
     MLA_ROWS,
@@ -39,14 +41,13 @@ from .schema import OP, PagedGeometry
 __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan", "DeviceFacts",
            "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout",
            "counts_offset", "balanced_chunks", "BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH",
-           "WG_SCHEDULES", "PAIR_UNITS", "wg_schedule", "balanced_grid"]
+           "WG_SCHEDULES", "wg_schedule", "partition_layout", "partition_overhead"]
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
 PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
 #: wgmma kernels: ``auto`` (:func:`wg_schedule`), ``serial`` (``cuda/paged_mla_wg.cu``) or
 #: ``pair`` (the warpgroups alternate tiles, ``cuda/paged_mla_pair.cu``).
 WG_SCHEDULES = ("auto", "serial", "pair")
-WS_ALIGN = 256
 
 
 @dataclass(frozen=True)
@@ -184,12 +185,18 @@ class PagedPlan:
     splits: int  # the cost model's count for the shapes (the rule)
     ws_lse_offset: int
     ws_bytes: int
-    #: Balanced split-KV (docs/notes/paged_attention.md#balanced-splits): the kernel picks each
-    #: sequence's chunk count on the device, at most ``max_chunks``; else ``splits`` each.
+    #: Balanced split-KV: chunks chosen on the device from the real lengths; else ``splits``
+    #: each. The serial kernel picks each sequence's chunk count, at most ``max_chunks``
+    #: (docs/notes/paged_attention.md#balanced-splits); the pair kernel runs the contiguous
+    #: partition over ``part_ctas`` CTAs (docs/notes/paged_attention.md#contiguous-partition).
     balanced: bool = False
-    #: The grid's second dimension and the workspace's split stride.
+    #: The grid's second dimension and the workspace's split stride; with the partition, the
+    #: most chunks a row block can have (``part_ctas``).
     max_chunks: int = 1
     ws_cnt_offset: int = 0
+    #: The contiguous partition's CTAs (one per SM), 0 without it; its workspace is
+    #: :func:`partition_layout` of ``grid_x + part_ctas`` row-block slots.
+    part_ctas: int = 0
 
 
 @dataclass(frozen=True)
@@ -300,7 +307,7 @@ def choose_splits(row_blocks: int, tiles: int, sm_count: int, rows: int = 0,
 def unsplit(plan: PagedPlan) -> PagedPlan:
     """``plan`` without split-KV (run when no workspace was given)."""
     return replace(plan, splits=1, ws_lse_offset=0, ws_bytes=0, balanced=False, max_chunks=1,
-                   ws_cnt_offset=0)
+                   ws_cnt_offset=0, part_ctas=0)
 
 
 def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttentionConfig,
@@ -373,6 +380,11 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
     if meta is not None and not config.num_splits:
         # Metadata may only lower the count, so the shapes-only workspace always suffices.
         splits = min(splits, _auto_splits(g, window, grid_x, block_n, meta, caps, path, config))
+    if path == "wg" and wg_schedule(g, config) == "pair" and partition_applies(
+            g, path, config, grid_x):
+        ctas = max(1, int(caps.sm_count))
+        lse_off, cnt_off, ws = partition_layout(rows, g.v_head_size, grid_x + ctas)
+        return PagedPlan(path, block_n, grid_x, splits, lse_off, ws, True, ctas, cnt_off, ctas)
     chunks = balanced_chunks(g, path, splits, config)
     if chunks:
         lse_off, ws = workspace_layout(rows, g.v_head_size, chunks, counts=True)
