@@ -122,28 +122,32 @@ def shape_of(q, lengths, H, window, key_cap, bn):
     return out
 
 
-def partition(q, lengths, H, window, key_cap, bn, G, ovh) -> dict:
-    """The pair kernel's device schedule: C, and per CTA its walked (x, j, k, t_lo, t_end)."""
+def partition(q, lengths, H, window, key_cap, bn, G, ovh, lanes=1) -> dict:
+    """The pair kernel's device schedule: per CTA its lane, part and walked
+    (x, j, k, t_lo, t_end)."""
     shapes = shape_of(q, lengths, H, window, key_cap, bn)
-    B = len(shapes)
-    widths = [rb * (ovh + (max(n, 1) if rb else 0)) for rb, n, _, _ in shapes]
-    pre = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
-    W = int(pre[-1])
-    C = max(-(-W // G), 1)
-    ctas = []
+    B, P = len(shapes), G // lanes
+    ctas, parts = [], []
     for c in range(G):
-        a = min(c * C, W)
+        lane, pt = c % lanes, c // lanes
+        widths = [(-(-(rb - lane) // lanes) if rb > lane else 0) * (ovh + max(n, 1))
+                  for rb, n, _, _ in shapes]
+        pre = np.concatenate([[0], np.cumsum(widths)]).astype(np.int64)
+        W = int(pre[-1])
+        C = max(-(-W // P), 1)
+        parts.append((lane, pt))
+        a = min(pt * C, W)
         e = min(a + C, W)
         units = []
         if a < W:
             b = int(np.searchsorted(pre[:B], a, side="right") - 1)
             rb, n, t0, x0 = shapes[b]
             w = ovh + max(n, 1)
-            j = (a - int(pre[b])) // w
-            start = int(pre[b]) + j * w
+            k = (a - int(pre[b])) // w
+            j, start = lane + k * lanes, int(pre[b]) + k * w
             while b < B and start < e:
                 if j >= rb:
-                    b, j = b + 1, 0
+                    b, j = b + 1, lane
                     if b < B:
                         rb, n, t0, x0 = shapes[b]
                     continue
@@ -152,45 +156,48 @@ def partition(q, lengths, H, window, key_cap, bn, G, ovh) -> dict:
                 if T >= e:
                     break
                 lo, hi, first = max(a, T), min(e, T + m), T // C
-                units.append((x0 + j, c - first, (T + m - 1) // C - first + 1,
+                units.append((x0 + j, pt - first, (T + m - 1) // C - first + 1,
                               t0 + lo - T, t0 + hi - T))
                 start += ovh + m
-                j += 1
+                j += lanes
         ctas.append(units)
-    return dict(C=C, W=W, ctas=ctas)
+    return dict(ctas=ctas, parts=parts)
 
 
 def check_partition(q, lengths, H, window, g, p, cfg) -> dict:
-    G = p.part_ctas
-    assert p.balanced and G > 0 and p.max_chunks == G
-    lse_off, cnt_off, total = pp.partition_layout(g.tokens * H, g.v_head_size, p.grid_x + G)
+    G, lanes = p.part_ctas, p.part_lanes
+    assert p.balanced and G > 0 and p.max_chunks == G and G % lanes == 0
+    slots = (p.grid_x + G // lanes) * lanes
+    lse_off, cnt_off, total = pp.partition_layout(g.tokens * H, g.v_head_size, slots)
     assert (p.ws_lse_offset, p.ws_cnt_offset, p.ws_bytes) == (lse_off, cnt_off, total)
     s = partition(q, lengths, H, window, g.max_blocks * g.block_size, p.block_n, G,
-                  pp.partition_overhead(cfg))
+                  pp.partition_overhead(cfg), lanes)
     km = kernel_model(q, lengths, H, window, g, p)
     seen: dict[int, list] = {}
-    slots = set()
-    for c, units in enumerate(s["ctas"]):
+    taken = set()
+    for (lane, pt), units in zip(s["parts"], s["ctas"]):
         xs = [u[0] for u in units]
         assert xs == sorted(xs) and len(set(xs)) == len(xs)  # a CTA walks row blocks in order
         for x, j, k, a, e in units:
             assert 0 <= j < k <= G and a < e
             seen.setdefault(x, []).append((j, k, a, e))
-            # The partials' slot x + c: unique, within the workspace, and the chunks of a
-            # row block in consecutive slots (the combine's base + j).
-            assert x + c not in slots and 0 <= x + c < p.grid_x + G
-            slots.add(x + c)
-            assert x + c - j == x + (c - j)
+            # The partials' slot (x + part) * lanes + lane: unique and within the workspace;
+            # chunk j of a row block at its first slot + j * lanes (the combine's stride).
+            slot = (x + pt) * lanes + lane
+            assert slot not in taken and 0 <= slot < slots
+            taken.add(slot)
+            seen[x][-1] += (slot - j * lanes,)
     for x in range(p.grid_x):
         got = seen.get(x, [])
         if not km["busy"][x]:
             assert not got
             continue
         # The chunks 0 .. k - 1 (the combine's slots) in key order, from consecutive CTAs.
-        ks = {k for _, k, _, _ in got}
-        assert len(ks) == 1 and [j for j, _, _, _ in got] == list(range(ks.pop())), (x, got)
+        ks = {u[1] for u in got}
+        assert len(ks) == 1 and [u[0] for u in got] == list(range(ks.pop())), (x, got)
+        assert len({u[4] for u in got}) == 1  # one first slot for every chunk
         tiles = []
-        for _, _, a, e in got:
+        for _, _, a, e, _ in got:
             lo, hi = max(a, km["t_lo"][x]), min(e, km["t_hi"][x] + 1)  # pa::pair_tiles
             tiles += list(range(lo, max(lo, hi)))
         assert tiles == list(range(km["t_lo"][x], km["t_hi"][x] + 1)), (x, got)
@@ -239,7 +246,8 @@ def test_partition_on_few_sms_and_without_overhead():
             H = int(rng.choice([16, 64, 128]))
             g = geometry(q, lengths, H, 64)
             p = pp.plan_launch(g, -1, dev, cfg)
-            assert p.part_ctas == sms
+            lanes = -(-H // M) if sms >= -(-H // M) else 1
+            assert (p.part_ctas, p.part_lanes) == (sms // lanes * lanes, lanes)
             check_partition(q, lengths, H, -1, g, p, cfg)
 
 
@@ -255,7 +263,7 @@ def test_partition_evens_out_a_ragged_batch():
     s = check_partition(q, lengths, 16, -1, g, p, cfg)
     per_cta = [sum(e - a for _, _, _, a, e in units) for units in s["ctas"]]
     tiles = -(-lengths // 64)
-    assert max(per_cta) <= s["C"] and max(per_cta) <= -(-int(tiles.sum()) // 132) + 1
+    assert max(per_cta) <= -(-int(tiles.sum() + 32 * pp.partition_overhead(cfg)) // 132)
     assert max(per_cta) < -(-int(tiles.max()) // p.splits)
     assert sum(per_cta) == int(tiles.sum())
 

@@ -489,8 +489,10 @@ def test_plan_wgmma_path():
     assert k.workspace_requirement(_decode_metas(1, 8192)).nbytes == p.ws_bytes
     # The pair kernel: the contiguous partition over one CTA per SM, its slots workspace.
     c = _mla_kernel(path="wg", balanced=True).plan(_decode_metas(2, 8192))
+    # H128: two lanes (a token's two row blocks side by side), 66 parts each.
     assert c.balanced and c.part_ctas == c.max_chunks == 132 and c.grid_x == 4
-    assert (c.ws_lse_offset, c.ws_cnt_offset, c.ws_bytes) == pa.partition_layout(256, 512, 136)
+    assert c.part_lanes == 2
+    assert (c.ws_lse_offset, c.ws_cnt_offset, c.ws_bytes) == pa.partition_layout(256, 512, 140)
     assert c.ws_bytes == c.ws_cnt_offset + 2 * 256 * 4
     assert _mla_kernel(path="wg", balanced=True).workspace_requirement(
         _decode_metas(2, 8192)).nbytes == c.ws_bytes

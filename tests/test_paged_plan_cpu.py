@@ -142,8 +142,10 @@ def check_plan(q: np.ndarray, lengths: np.ndarray, H: int, window: int, g: Paged
     rows = k["orow"][k["valid"]]
     assert np.array_equal(np.sort(rows), np.arange(g.tokens * H))
     if p.balanced and p.part_ctas:  # the pair kernel's partition: test_paged_balanced_cpu.py
-        lse_off, cnt_off, total = pp.partition_layout(g.tokens * H, g.v_head_size,
-                                                      p.grid_x + p.part_ctas)
+        lanes = p.part_lanes
+        assert lanes == -(-H // M) and p.part_ctas == H200.sm_count // lanes * lanes
+        lse_off, cnt_off, total = pp.partition_layout(
+            g.tokens * H, g.v_head_size, (p.grid_x + p.part_ctas // lanes) * lanes)
         assert (p.ws_lse_offset, p.ws_cnt_offset, p.ws_bytes) == (lse_off, cnt_off, total)
         assert p.max_chunks == p.part_ctas
         return
@@ -230,8 +232,10 @@ def test_study_rows_split_as_predicted(B, H, tiles, before, after):
     assert b.ws_bytes == pp.workspace_layout(B * H, 512, b.max_chunks, counts=True)[1]
     # The pair kernel's partition: one CTA per SM, slots for every row block and CTA.
     c = pp.plan_launch(g, -1, H200, PagedAttentionConfig(balanced=True))
-    assert c.balanced and c.part_ctas == c.max_chunks == H200.sm_count
-    assert c.ws_bytes == pp.partition_layout(B * H, 512, c.grid_x + 132)[2]
+    lanes = -(-H // M)
+    assert c.balanced and c.part_ctas == c.max_chunks == 132 // lanes * lanes
+    assert c.part_lanes == lanes
+    assert c.ws_bytes == pp.partition_layout(B * H, 512, (c.grid_x + 132 // lanes) * lanes)[2]
     # One busy CTA per sequence and split: B8 fills 128 of 132 SMs, B32 H16 L4k one wave.
     if (B, after) in ((8, 16), (32, 4)):
         assert B * after == 128

@@ -147,13 +147,14 @@ __device__ int mla_rows(const int* __restrict__ cu, const int* __restrict__ past
                         unsigned* __restrict__ latch, int n_tokens, int H, int B, int x,
                         int max_blocks, int block_size, int max_pos, int do_rotary, int window,
                         int* sMisc, int* sRowP, int* sRowLo, int* sRowOut, int& key_lo,
-                        int& key_hi) {
+                        int& key_hi, int known_b = -1) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int extra = (H % M) ? 1 : 0;
-  // Which sequence owns row block x (every thread tests a few b in parallel).
-  if (tid == 0) sMisc[0] = -1;
+  // Which sequence owns row block x (every thread tests a few b in parallel), unless the
+  // caller knows it (the partition's cursor: a valid sequence that owns x).
+  if (tid == 0) sMisc[0] = known_b;
   __syncthreads();
-  for (int base = 0; base < B; base += blockDim.x) {
+  for (int base = 0; base < B && known_b < 0; base += blockDim.x) {
     const int b = base + tid;
     if (b < B) {
       const long long c0 = cu[b], c1 = cu[b + 1];
@@ -481,36 +482,53 @@ __device__ __forceinline__ Sched balanced_sched(
 }
 
 // ---- Contiguous partition: the pair kernel's balanced launch (paged_mla_pair.cu;
-// docs/notes/paged_attention.md#contiguous-partition). The busy row blocks in x order
-// (sequence-major) lie end to end on a line of positions, each w = ovh + m wide: ovh for its
+// docs/notes/paged_attention.md#contiguous-partition). The G CTAs form `lanes` lanes of
+// P = G / lanes parts; row block j of a sequence belongs to lane j % lanes, so with
+// lanes = ceil(H / 64) the row blocks of one decode token, which read the same keys, run on
+// parallel lanes at the same time (the second read comes from L2). On each lane's line its
+// row blocks lie end to end (sequence-major), each w = ovh + m positions wide: ovh for its
 // fixed cost (setup, Q, pipeline fill, epilogue) and then one per tile of its span, m =
-// max(n, 1) (a row block with rows but no keys still takes a unit). CTA c of the G in the grid
-// takes the positions [c C, (c + 1) C), C = ceil(W / G), W the line's length: every tile
-// lies in exactly one CTA's range, and a row block's chunks are the ranges it meets, in key
-// order (the one of CTA c is c - floor(T / C), T its first tile's position). Row block x cut
-// by CTA c writes its partials to slot x + c (unique: both grow along the line). Every CTA
-// computes the same line from cu / past (no readback, capturable); its row blocks are walked
-// from global memory one after the other (part_next), so a CTA may take any number of them.
+// max(n, 1) (a row block with rows but no keys still takes a unit). Part p of the lane takes
+// the positions [p C, (p + 1) C), C = ceil(W / P), W the line's length: every tile lies in
+// exactly one part's range, and a row block's chunks are the ranges it meets, in key order
+// (the one of part p is p - floor(T / C), T its first tile's position). Row block x cut by
+// part p writes its partials to slot (x + p) * lanes + lane (unique: x and p both grow along
+// a lane's line). Every CTA computes its lane's line from cu / past (no readback,
+// capturable); its row blocks are walked one after the other (part_next), so a CTA may take
+// any number of them.
 struct Part {
-  int c, C, a, e;  // this CTA, the range length, its range [a, e)
-  int b, j, start;  // the cursor: row block j of sequence b, whose width starts at `start`
-  SeqShape s;       // sequence b's
+  int p, lane, lanes, C, a, e;  // part, lane, lanes, the range length, the range [a, e)
+  int b, j, start;              // the cursor: row block j of sequence b, its width at start
+  SeqShape s;                   // sequence b's
 };
 
-// The CTA's range and the cursor at its first row block. Scratch: B + 1 ints, free again
+// The CTA's range and the cursor at its first row block. Scratch: 5 (B + 1) ints, free again
 // after the caller's next __syncthreads. Every thread calls it and gets the same result.
-__device__ __forceinline__ Part part_begin(const SeqArgs& sa, int B, int ovh, int* scratch) {
+__device__ __forceinline__ Part part_begin(const SeqArgs& sa, int B, int ovh, int lanes,
+                                           int* scratch) {
+  Part p;
+  const int c = blockIdx.y * gridDim.x + blockIdx.x, parts = gridDim.x * gridDim.y / lanes;
+  p.lanes = lanes;
+  p.lane = c % lanes;
+  p.p = c / lanes;
+  int* sN = scratch + (B + 1);  // the shapes, so the cursor's first sequence is not reloaded
+  int* sT0 = sN + (B + 1);
+  int* sRb = sT0 + (B + 1);
+  int* sX0 = sRb + (B + 1);
   for (int b = threadIdx.x; b < B; b += blockDim.x) {
     const SeqShape sh = sa.shape(b);
-    scratch[b] = sh.rb * (ovh + max(sh.n, 1));
+    const int mine = sh.rb > p.lane ? (sh.rb - p.lane + lanes - 1) / lanes : 0;
+    scratch[b] = mine * (ovh + max(sh.n, 1));
+    sN[b] = sh.n;
+    sT0[b] = sh.t0;
+    sRb[b] = sh.rb;
+    sX0[b] = sh.x0;
   }
   __syncthreads();
   block_exclusive_scan(scratch, B);
-  Part p;
-  const int W = scratch[B], G = gridDim.x * gridDim.y;
-  p.C = max((W + G - 1) / G, 1);
-  p.c = blockIdx.y * gridDim.x + blockIdx.x;
-  p.a = (int)min((long long)p.c * p.C, (long long)W);
+  const int W = scratch[B];
+  p.C = max((W + parts - 1) / parts, 1);
+  p.a = (int)min((long long)p.p * p.C, (long long)W);
   p.e = min(p.a + p.C, W);
   p.b = B;
   p.j = p.start = 0;
@@ -527,10 +545,10 @@ __device__ __forceinline__ Part part_begin(const SeqArgs& sa, int B, int ovh, in
       }
     }
     p.b = b;
-    p.s = sa.shape(b);
-    const int w = ovh + max(p.s.n, 1);
-    p.j = (p.a - scratch[b]) / w;
-    p.start = scratch[b] + p.j * w;
+    p.s = SeqShape{0, sRb[b], sN[b], sT0[b], sX0[b]};
+    const int w = ovh + max(p.s.n, 1), k = (p.a - scratch[b]) / w;
+    p.j = p.lane + k * lanes;
+    p.start = scratch[b] + k * w;
   }
   return p;
 }
@@ -541,22 +559,22 @@ __device__ __forceinline__ bool part_next(Part& p, const SeqArgs& sa, int B, int
                                           Sched& sc) {
   for (;;) {
     if (p.b >= B || p.start >= p.e) return false;
-    if (p.j >= p.s.rb) {  // on to the next sequence (one of no rows has no width)
+    if (p.j >= p.s.rb) {  // on to the lane's row blocks of the next sequence
       if (++p.b >= B) return false;
       p.s = sa.shape(p.b);
-      p.j = 0;
+      p.j = p.lane;
       continue;
     }
     const int m = max(p.s.n, 1), T = p.start + ovh;
     if (T >= p.e) return false;
     const int lo = max(p.a, T), hi = min(p.e, T + m), first = T / p.C;
     sc.x = p.s.x0 + p.j;
-    sc.chunk = p.c - first;
+    sc.chunk = p.p - first;
     sc.k = (T + m - 1) / p.C - first + 1;
     sc.t_lo = p.s.t0 + (lo - T);
     sc.t_end = p.s.t0 + (hi - T);
     p.start += ovh + m;
-    ++p.j;
+    p.j += p.lanes;
     return true;
   }
 }

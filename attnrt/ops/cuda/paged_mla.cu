@@ -427,7 +427,7 @@ constexpr int COMBINE_CHUNK = 64;
 extern "C" __global__ void __launch_bounds__(COMBINE_THREADS)
 paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_lse,
                   elem_t* __restrict__ out, int rows, int num_splits,
-                  const int* __restrict__ counts, int slot_rows) {
+                  const int* __restrict__ counts, int slot_rows, int slot_stride) {
   typedef pa::Num<elem_t> N;
   __shared__ float sw[COMBINE_CHUNK];
   const int tid = threadIdx.x, lane = tid & 31;
@@ -441,14 +441,15 @@ paged_mla_combine(const float* __restrict__ ws_o, const float* __restrict__ ws_l
   // counts (balanced split-KV): this row's chunks; 1: written directly. Partials of split s
   // at slot row base + s * stride: the row's own num_splits slots (base row * num_splits,
   // stride 1), or with slot_rows > 0 the pair kernel's partition (paged_mla_pair.cu): row
-  // block slots of 64 rows, the row's first slot row after the counts (stride 64). Clamped:
-  // a count or base is never trusted to index past the slots.
+  // block slots of 64 rows, the row's first slot row after the counts, slot_stride slot rows
+  // a chunk. Clamped: a count or base is never trusted to index past the slots.
   long long base = row * num_splits, stride = 1;
   int used = counts != nullptr ? min(counts[row], num_splits) : num_splits;
   if (slot_rows > 0) {
     base = counts[rows + row];
-    stride = 64;
-    used = base >= 0 && base < slot_rows ? min(used, (int)((slot_rows - 1 - base) / 64) + 1) : 0;
+    stride = max(slot_stride, 1);
+    used = base >= 0 && base < slot_rows ? min(used, (int)((slot_rows - 1 - base) / stride) + 1)
+                                         : 0;
   }
   if (counts != nullptr && used <= 1) return;  // uniform
   const float* lse = ws_lse + base;

@@ -187,7 +187,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
                    unsigned* __restrict__ latch, int n_tokens, int H, int B, int num_blocks,
                    int block_size, int max_blocks, int rd, int off, int max_pos, int interleaved,
                    int do_rotary, float scale, float softcap, int window, int num_splits,
-                   int* __restrict__ ws_cnt, int overhead,
+                   int* __restrict__ ws_cnt, int overhead, int lanes,
                    const __grid_constant__ TmaDesc kv_map) {
   typedef pa::Num<elem_t> N;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -221,7 +221,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   const pa::SeqArgs seqs{cu, past, n_tokens, H, M, BN, max_blocks * block_size, window};
   pa::Part part{};
   if (balanced) {
-    part = pa::part_begin(seqs, B, overhead, reinterpret_cast<int*>(smem + OFF_K));
+    part = pa::part_begin(seqs, B, overhead, lanes, reinterpret_cast<int*>(smem + OFF_K));
     __syncthreads();  // the scratch (tile buffers) read
   }
   if (tid == 0) {
@@ -250,7 +250,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     int key_lo, key_hi;
     const int b = pa::mla_rows<M>(cu, past, latch, n_tokens, H, B, x, max_blocks, block_size,
                                   max_pos, do_rotary, window, sMisc, sRowP, sRowLo, sRowOut,
-                                  key_lo, key_hi);
+                                  key_lo, key_hi, balanced ? part.b : -1);
     if (b < 0) continue;  // surplus pair (uniform)
     int tile_begin, n_tiles;
     pa::pair_tiles(balanced, sc, key_lo, key_hi, BN, split, num_splits, tile_begin,
@@ -709,8 +709,9 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       if (orow < 0) continue;
       const float l = sL[r] + sL[M + r];
       // The row's slot row: its own split slots, or with balancing the partition's slot
-      // x + c of 64 rows (pa::part_begin); chunk 0 records the count and the first slot row.
-      const long long slot = balanced ? (long long)(x + part.c) * M + r
+      // (x + p) * lanes + lane of 64 rows (pa::part_begin); chunk 0 records the count and
+      // the first slot row (the combine steps lanes * 64 slot rows a chunk).
+      const long long slot = balanced ? ((long long)(x + part.p) * lanes + part.lane) * M + r
                                       : (long long)orow * num_splits + split;
       if (wg == 0 && tq == 0) {
         if (balanced && split == 0) {

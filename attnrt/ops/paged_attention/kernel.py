@@ -326,7 +326,7 @@ class PagedAttentionKernel:
                         else builds.mla_wg_smem_bytes(g.head_size))
                 if sched == "pair":
                     # The contiguous partition weighs a row block's fixed cost in tiles.
-                    args += [ws_cnt, i32(partition_overhead(self.config)),
+                    args += [ws_cnt, i32(partition_overhead(self.config)), i32(p.part_lanes),
                              self._kv_map(kc.ptr, g)]
                 else:
                     # The device-side split model: the planner's, with the real lengths.
@@ -346,9 +346,16 @@ class PagedAttentionKernel:
             todo.append((self._fn(mla, "paged_mla_combine"), (rows, 1, 1),
                          (builds.COMBINE_THREADS, 1, 1),
                          [ws_o, ws_lse, out.ptr, i32(rows), i32(p.max_chunks), ws_cnt,
-                          i32((p.grid_x + p.part_ctas) * builds.MLA_ROWS if p.part_ctas else 0)],
+                          i32(self._slot_rows(p)), i32(p.part_lanes * builds.MLA_ROWS)],
                          0, pdl))
         return self._checked(todo)
+
+    @staticmethod
+    def _slot_rows(p: PagedPlan) -> int:
+        """Slot rows of the partition's workspace (0: the per-row split layout)."""
+        if not p.part_ctas:
+            return 0
+        return (p.grid_x + p.part_ctas // p.part_lanes) * p.part_lanes * builds.MLA_ROWS
 
     def _kv_map(self, ptr: int, g: PagedGeometry) -> bytes:
         """The latent cache as a TMA tensor map ([blocks * block_size, head_size], 64 x 64

@@ -194,9 +194,12 @@ class PagedPlan:
     #: most chunks a row block can have (``part_ctas``).
     max_chunks: int = 1
     ws_cnt_offset: int = 0
-    #: The contiguous partition's CTAs (one per SM), 0 without it; its workspace is
-    #: :func:`partition_layout` of ``grid_x + part_ctas`` row-block slots.
+    #: The contiguous partition's CTAs (about one per SM), 0 without it, in ``part_lanes``
+    #: lanes (``ceil(H / 64)``: a token's row blocks side by side); its workspace is
+    #: :func:`partition_layout` of ``(grid_x + part_ctas / part_lanes) * part_lanes``
+    #: row-block slots.
     part_ctas: int = 0
+    part_lanes: int = 1
 
 
 @dataclass(frozen=True)
@@ -307,7 +310,7 @@ def choose_splits(row_blocks: int, tiles: int, sm_count: int, rows: int = 0,
 def unsplit(plan: PagedPlan) -> PagedPlan:
     """``plan`` without split-KV (run when no workspace was given)."""
     return replace(plan, splits=1, ws_lse_offset=0, ws_bytes=0, balanced=False, max_chunks=1,
-                   ws_cnt_offset=0, part_ctas=0)
+                   ws_cnt_offset=0, part_ctas=0, part_lanes=1)
 
 
 def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttentionConfig,
@@ -382,9 +385,13 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
         splits = min(splits, _auto_splits(g, window, grid_x, block_n, meta, caps, path, config))
     if path == "wg" and wg_schedule(g, config) == "pair" and partition_applies(
             g, path, config, grid_x):
-        ctas = max(1, int(caps.sm_count))
-        lse_off, cnt_off, ws = partition_layout(rows, g.v_head_size, grid_x + ctas)
-        return PagedPlan(path, block_n, grid_x, splits, lse_off, ws, True, ctas, cnt_off, ctas)
+        sms = max(1, int(caps.sm_count))
+        lanes = -(-g.heads // MLA_ROWS) if sms >= -(-g.heads // MLA_ROWS) else 1
+        ctas = lanes * (sms // lanes)
+        lse_off, cnt_off, ws = partition_layout(rows, g.v_head_size,
+                                                (grid_x + ctas // lanes) * lanes)
+        return PagedPlan(path, block_n, grid_x, splits, lse_off, ws, True, ctas, cnt_off, ctas,
+                         lanes)
     chunks = balanced_chunks(g, path, splits, config)
     if chunks:
         lse_off, ws = workspace_layout(rows, g.v_head_size, chunks, counts=True)
