@@ -32,5 +32,5 @@ from .schema import PAGED_POSITION_OUT_OF_RANGE, PagedGeometry, unsupported_reas
 
 __all__ = ["PagedAttentionFactory", "PagedAttentionKernel", "PagedAttentionConfig", "PagedPlan",
            "PagedGeometry", "SplitCost", "unsupported_reason", "compile_variants",
-           "workspace_layout", "counts_offset", "partition_layout", "choose_splits", "mla_smem_bytes", "mla_wg_smem_bytes",
-           "simple_smem_bytes", "PAGED_POSITION_OUT_OF_RANGE"]
+           "workspace_layout", "counts_offset", "partition_layout", "choose_splits",
+           "mla_smem_bytes", "mla_wg_smem_bytes", "simple_smem_bytes", "PAGED_POSITION_OUT_OF_RANGE"]

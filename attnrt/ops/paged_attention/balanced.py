@@ -11,7 +11,7 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .plan import PagedAttentionConfig, PagedPlan
+    from .plan import PagedAttentionConfig
     from .schema import PagedGeometry
 
 __all__ = ["BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH", "WS_ALIGN", "balanced_on",

@@ -111,13 +111,14 @@ class PagedAttentionConfig:
         before it finishes (``docs/notes/paged_attention.md#pdl``). ``False``: plain stream
         order.
     balanced
-        Balanced split-KV on the wgmma path (``docs/notes/paged_attention.md#balanced-splits``):
-        chunk counts per sequence chosen on the device from the real lengths. ``True``: on
-        (1.1-1.3x on decode batches of up to ~32 sequences of unequal lengths, 0.85-0.95x
-        on equal ones: its per-CTA prologue); ``False``: the model's count for every
-        sequence; ``None`` (the default): on for batches where a sequence brings several new
-        tokens (speculative decode, chunked prefill: the host cannot see how they are
-        spread), else off.
+        Balanced split-KV on the wgmma path: the work is cut on the device from the real
+        lengths. The pair kernel cuts the (row block, tile) line into equal contiguous parts,
+        one CTA per SM (``docs/notes/paged_attention.md#contiguous-partition``); the serial
+        kernel picks a chunk count per sequence (``#balanced-splits``). ``True``: on (for
+        decode batches of unequal lengths; on equal ones its prologue costs a few
+        microseconds); ``False``: the model's count for every sequence; ``None`` (the
+        default): on for batches where a sequence brings several new tokens (speculative
+        decode, chunked prefill: the host cannot see how they are spread), else off.
     wg_schedule
         One of :data:`WG_SCHEDULES`: which kernel runs the wgmma path
         (``docs/notes/paged_attention.md#pair-kernel``): ``auto`` (the default) takes the
