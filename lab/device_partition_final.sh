@@ -5,6 +5,6 @@
 set -u
 OUT=${1:?OUTDIR}; RB=${2:?}; TB=${3:?}; ROWS=${4:?}; mkdir -p "$OUT"
 bash lab/device_partition.sh "$OUT/p" "$RB" "$ROWS" 2>&1 | tee "$OUT/rows.txt"
-timeout "$TB" python3 -m pytest -m gpu -q -p no:cacheprovider -x --junitxml="$OUT/junit-gpu.xml" \
+timeout "$TB" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/junit-gpu.xml" \
   > "$OUT/pytest-gpu.log" 2>&1
 echo "== pytest -m gpu rc $?"; tail -n 4 "$OUT/pytest-gpu.log"; grep -a "FAILED\|Error" "$OUT/pytest-gpu.log" | head
