@@ -108,8 +108,9 @@ def partition_overhead(config: PagedAttentionConfig) -> int:
 def partition_layout(rows: int, v_head_size: int, slots: int) -> tuple[int, int, int]:
     """The partition's workspace: f32 partials of ``slots`` row blocks (O [slots * 64,
     v_head_size], then the log-sum-exps [slots * 64]), then int32 [rows] chunk counts and
-    int32 [rows] first slot rows. Row block ``x`` cut by CTA ``c`` writes slot ``x + c``
-    (unique: both grow along the line), so ``slots = grid_x + CTAs`` always suffices.
+    int32 [rows] first slot rows. Row block ``x`` cut by part ``p`` of lane ``l`` writes slot
+    ``(x + p) * lanes + l`` (unique: ``x`` and ``p`` both grow along a lane's line), so
+    ``slots = (grid_x + parts) * lanes`` always suffices.
 
     Parameters
     ----------
