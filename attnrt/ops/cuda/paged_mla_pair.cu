@@ -213,9 +213,10 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wq = warp & 3;
   const int g = lane >> 2, tq = lane & 3;
   // Balanced split-KV (ws_cnt != nullptr; the partials then go to the partition's row-block
-  // slots, and ws_cnt holds each row's chunk count and first slot row): one CTA per SM, each taking its contiguous range of the (row block, tile) line, row block
-  // by row block on the same mbarriers (pa::part_begin; overhead is a row block's fixed cost
-  // in tiles). Otherwise one pair, its own: row block blockIdx.x, split blockIdx.y.
+  // slots, and ws_cnt holds each row's chunk count and first slot row): about one CTA per
+  // SM, each taking its contiguous range of its lane's (row block, tile) line, row block by
+  // row block on the same mbarriers (pa::part_begin; overhead is a row block's fixed cost in
+  // tiles). Otherwise one pair, its own: row block blockIdx.x, split blockIdx.y.
   // docs/notes/paged_attention.md#contiguous-partition
   const bool balanced = ws_cnt != nullptr;
   const pa::SeqArgs seqs{cu, past, n_tokens, H, M, BN, max_blocks * block_size, window};

@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from .schema import PagedGeometry
 
 __all__ = ["BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH", "WS_ALIGN", "balanced_on",
-           "balanced_chunks", "partition_applies", "partition_overhead", "partition_layout"]
+           "balanced_chunks", "partition_applies", "partition_overhead", "partition_slots",
+           "partition_layout"]
 
 #: Balanced split-KV limits: the device model weighs at most this many chunk counts, and the
 #: kernels' scratch (their key-tile stages, 144 KiB) holds 5 (B + 1) ints.
@@ -103,6 +104,18 @@ def partition_overhead(config: PagedAttentionConfig) -> int:
     """
     c = config.wg_cost
     return max(0, math.ceil(c.prologue_us / c.tile_us - 1e-9))
+
+
+def partition_slots(grid_x: int, ctas: int, lanes: int) -> int:
+    """Row-block slots of the partition's workspace: ``(grid_x + parts) * lanes`` (see
+    :func:`partition_layout`), ``parts = ctas / lanes``.
+
+    Parameters
+    ----------
+    grid_x, ctas, lanes
+        The plan's row blocks, the partition's CTAs and its lanes.
+    """
+    return (grid_x + ctas // lanes) * lanes
 
 
 def partition_layout(rows: int, v_head_size: int, slots: int) -> tuple[int, int, int]:

@@ -34,6 +34,7 @@ from .plan import (
     PagedAttentionConfig,
     PagedPlan,
     partition_overhead,
+    partition_slots,
     plan_launch,
     unsplit,
     wg_schedule,
@@ -355,7 +356,7 @@ class PagedAttentionKernel:
         """Slot rows of the partition's workspace (0: the per-row split layout)."""
         if not p.part_ctas:
             return 0
-        return (p.grid_x + p.part_ctas // p.part_lanes) * p.part_lanes * builds.MLA_ROWS
+        return partition_slots(p.grid_x, p.part_ctas, p.part_lanes) * builds.MLA_ROWS
 
     def _kv_map(self, ptr: int, g: PagedGeometry) -> bytes:
         """The latent cache as a TMA tensor map ([blocks * block_size, head_size], 64 x 64

@@ -26,6 +26,7 @@ from .balanced import (
     partition_applies,
     partition_layout,
     partition_overhead,
+    partition_slots,
 )
 from .builds import (
     MLA_ROWS,
@@ -41,7 +42,8 @@ from .schema import OP, PagedGeometry
 __all__ = ["PATHS", "WS_ALIGN", "SplitCost", "PagedAttentionConfig", "PagedPlan", "DeviceFacts",
            "DEFAULT_DEVICE", "plan_launch", "unsplit", "choose_splits", "workspace_layout",
            "counts_offset", "balanced_chunks", "BALANCED_MAX_CHUNKS", "BALANCED_MAX_BATCH",
-           "WG_SCHEDULES", "wg_schedule", "partition_layout", "partition_overhead"]
+           "WG_SCHEDULES", "wg_schedule", "partition_layout", "partition_overhead",
+           "partition_slots"]
 
 #: ``auto`` applies the rule; the others force a path (``mla64``/``mla32`` also the tile).
 PATHS = ("auto", "mla", "mla64", "mla32", "wg", "simple")
@@ -390,7 +392,7 @@ def plan_launch(g: PagedGeometry, window: int, caps: Any, config: PagedAttention
         lanes = -(-g.heads // MLA_ROWS) if sms >= -(-g.heads // MLA_ROWS) else 1
         ctas = lanes * (sms // lanes)
         lse_off, cnt_off, ws = partition_layout(rows, g.v_head_size,
-                                                (grid_x + ctas // lanes) * lanes)
+                                                partition_slots(grid_x, ctas, lanes))
         return PagedPlan(path, block_n, grid_x, splits, lse_off, ws, True, ctas, cnt_off, ctas,
                          lanes)
     chunks = balanced_chunks(g, path, splits, config)
