@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -607,6 +608,23 @@ def test_every_variant_compiles_for_sm80_and_sm90():
         assert r.cubin.startswith(b"\x7fELF"), (v, arch)
         for e in v.entries:
             assert f".entry {e}(".encode() in r.ptx, (v.file, e)
+
+
+@pytest.mark.parametrize("extra", [{"PA_PAIR_LEAN": 1}, {"PA_PAIR_STSM": 1},
+                                   {"PA_PAIR_LEAN": 1, "PA_PAIR_STSM": 1, "PA_SOFTCAP": 1}])
+def test_pair_kernel_lab_switches_compile(extra):
+    """The pair kernel's lab switches still build for sm_90a with no ptxas advisory (a
+    serialized wgmma, C7511, would void the A/B they exist for); lab/device_ab_rows.sh times
+    them."""
+    from attnrt.ops.paged_attention import builds
+    v = builds.wg_variant(BF16, schedule="pair")
+    opts = _common.defines_to_options({**v.defines, **extra})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = compiler.compile_source(_common.source(v.file), v.file, "sm_90a", opts,
+                                    _common.headers())
+    assert f".entry {v.entries[0]}(".encode() in r.ptx
+    assert not compiler.performance_loss(r.log), r.log
 
 
 def test_pair_kernel_has_a_softcap_build():

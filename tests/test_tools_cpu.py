@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
                  marks=pytest.mark.slow),
     pytest.param("lab/paged_pair_trace.py", "one steady-state pair", marks=pytest.mark.slow),
     ("lab/with_defines.py", "extra -D defines on the wgmma kernels"),
+    ("lab/sass_census.py", "Count the SASS of a kernel by opcode and by loop"),
     pytest.param("lab/wg_child.py", "wgmma child test", marks=pytest.mark.slow),
     ("lab/with_l2_promotion.py", "another L2 promotion"),
     ("tools/plan_snapshot.py", "IndexShare's plan for a grid"),
@@ -37,6 +38,27 @@ def test_tool_help(tool: str, words: str) -> None:
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert words in " ".join(r.stdout.split()), r.stdout
+
+
+def test_sass_census_finds_loops_not_slow_paths(capsys) -> None:
+    """lab/sass_census.py on a made-up listing: the loop around the HGMMA is one, the
+    mbarrier retry placed after the body (a short block branching back) is not."""
+    sys.path.insert(0, str(ROOT / "lab"))
+    import sass_census
+
+    text = """.L_x_1:
+        /*0000*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0010*/                   IADD3 R1, R1, 0x1, RZ ;
+        /*0020*/              @P0 BRA `(.L_x_1) ;
+        /*0030*/                   EXIT ;
+.L_x_2:
+        /*0040*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R0], R3 ;
+        /*0050*/                   BRA `(.L_x_1) ;
+"""
+    assert sass_census.census(text.splitlines()) == [(0, 2, 1)]
+    out = capsys.readouterr().out
+    assert "instructions: 6" in out and "innermost loop with HGMMA: [0..2] 3 insns" in out
+    assert sass_census.op_class("UTMALDG.2D") == "tma/mbar"
 
 
 @pytest.mark.parametrize("value", ["-1", "inf", "nan"])

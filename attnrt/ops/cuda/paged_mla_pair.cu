@@ -53,6 +53,19 @@
 #define PAIR_MARK(k) ((void)0)
 #endif
 
+#ifndef PA_PAIR_LEAN
+// Lab switch (off): the same values with fewer instructions in the loop over pairs: the
+// wgmma descriptors as a base computed once plus a constant offset (desc_add), not
+// desc_sw128 of each runtime address, and a tile's page by a shift (block sizes are powers
+// of two), not a division.
+#define PA_PAIR_LEAN 0
+#endif
+
+#ifndef PA_PAIR_STSM
+// Lab switch (off): P handed to the other warpgroup with four stmatrix, not sixteen stores.
+#define PA_PAIR_STSM 0
+#endif
+
 #if PA_BF16
 typedef __nv_bfloat16 elem_t;
 #define NXRT_WG_AB "bf16.bf16"
@@ -281,11 +294,18 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     // ---- Loads: TMA boxes of kv_map (the cache as [rows, HS]), one mbarrier per sub-tile.
     const int* bt_row = block_table + (long long)b * max_blocks;
     const int cache_rows = num_blocks * block_size;
+#if PA_PAIR_LEAN
+    const int bs_log2 = __ffs(block_size) - 1;  // a power of two (the schema's check)
+#endif
     // The cache row of tile t's first key (its page holds the whole tile), or -1 when the
     // block id is out of range.
     auto page_row = [&](int t) {
       const int j = (tile_begin + t) * BN;
+#if PA_PAIR_LEAN
+      const int blk = j >> bs_log2;
+#else
       const int blk = j / block_size;
+#endif
       const int phys = blk < max_blocks ? __ldg(bt_row + blk) : -1;
       return (phys >= 0 && phys < num_blocks) ? phys * block_size + (j & (block_size - 1)) : -1;
     };
@@ -378,8 +398,16 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
     // [from, to), waiting on each sub-tile's mbarrier (phase parity `par`) just before its
     // MMAs; k == 0 overwrites s. Issued and committed as one wgmma group. WG1 starts at its
     // own sub-tiles (rot = VBW): they were refilled before WG0's.
+#if PA_PAIR_LEAN
+    // K-major operands (Q, K, P: LBO 16, SBO 1024) at sbase, and this warpgroup's value
+    // columns of buffer 0 (N-major: LBO = the next 64 columns).
+    const unsigned long long d_k1 = desc_sw128(sbase, 16, 1024);
+    const unsigned long long d_v = desc_sw128(sbase + OFF_K + wg * VBW * TBLK, TBLK, 1024);
+#endif
     auto issue_s = [&](float (&s)[BN / 2], int buf, unsigned par, int from, int to, int rot) {
+#if !PA_PAIR_LEAN
       const unsigned kb = sbase + OFF_K + buf * T_BYTES;
+#endif
       fence_regs(s);
 #pragma unroll
       for (int k = 0; k < HB; ++k) {
@@ -389,8 +417,14 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         if (k == from) wg_fence();
 #pragma unroll
         for (int kq = 0; kq < 4; ++kq) {
+#if PA_PAIR_LEAN
+          wg_ss(s, desc_add(d_k1, sub * QBLK + kq * 32),
+                desc_add(d_k1, OFF_K + buf * T_BYTES + sub * TBLK + kq * 32),
+                (k > 0 || kq > 0) ? 1 : 0);
+#else
           wg_ss(s, desc_sw128(sbase + sub * QBLK + kq * 32, 16, 1024),
                 desc_sw128(kb + sub * TBLK + kq * 32, 16, 1024), (k > 0 || kq > 0) ? 1 : 0);
+#endif
         }
       }
       wg_commit();
@@ -450,6 +484,22 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       }
     };
     // P fragments into a swizzled [M][BN] shared-memory array (the A operand of P V there).
+#if PA_PAIR_STSM
+    // stmatrix x4 stores four 8 x 8 matrices, lane l giving the row address of row l % 8 of
+    // matrix l / 8; matrix m of step k is key chunk 2k + (m >> 1) of rows 16 wq + 8 (m & 1)
+    // .. + 7, held in frag[k][m] in the wgmma accumulator's layout (row l / 4, keys 2 (l % 4)).
+    auto store_p = [&](unsigned char* sp, const unsigned (&frag)[KS][4]) {
+      const int m = lane >> 3, row = 16 * wq + 8 * (m & 1) + (lane & 7);
+      const unsigned base = pa::smem_u32(sp) + row * 128;
+#pragma unroll
+      for (int k = 0; k < KS; ++k) {
+        const unsigned addr = base + (((2 * k + (m >> 1)) ^ (lane & 7)) << 4);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n"
+                     :: "r"(addr), "r"(frag[k][0]), "r"(frag[k][1]), "r"(frag[k][2]),
+                     "r"(frag[k][3]) : "memory");
+      }
+    };
+#else
     auto store_p = [&](unsigned char* sp, const unsigned (&frag)[KS][4]) {
       const int r0 = 16 * wq + g;
 #pragma unroll
@@ -460,6 +510,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
             frag[j >> 1][2 * (j & 1) + 1];
       }
     };
+#endif
     // The running max only moves when a tile's max exceeds it by more than PA_PAIR_LAZY (log2
     // units; 0: whenever it grows): P stays <= 2^PA_PAIR_LAZY, and while it holds, O and
     // the row sums need no rescale (c = 1), which a warp then skips.
@@ -496,20 +547,33 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
       wg_fence();
     };
     auto issue_pv_regs = [&](const unsigned (&frag)[KS][4], int buf) {
+#if !PA_PAIR_LEAN
       const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
+#endif
       pv_fence();
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk)
+#if PA_PAIR_LEAN
+        wg_rs256(o, frag[kk], desc_add(d_v, buf * T_BYTES + kk * (16 * 128)));
+#else
         wg_rs256(o, frag[kk], desc_sw128(vb + kk * (16 * 128), TBLK, 1024));
+#endif
       wg_commit();
     };
+    // sp: OFF_P0 or OFF_P1 (bytes past sbase).
     auto issue_pv_smem = [&](unsigned sp, int buf) {
+#if !PA_PAIR_LEAN
       const unsigned vb = sbase + OFF_K + buf * T_BYTES + wg * VBW * TBLK;
+#endif
       pv_fence();
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk)
-        wg_ss256(o, desc_sw128(sp + kk * 32, 16, 1024),
+#if PA_PAIR_LEAN
+        wg_ss256(o, desc_add(d_k1, sp + kk * 32), desc_add(d_v, buf * T_BYTES + kk * (16 * 128)));
+#else
+        wg_ss256(o, desc_sw128(sbase + sp + kk * 32, 16, 1024),
                  desc_sw128(vb + kk * (16 * 128), TBLK, 1024));
+#endif
       wg_commit();
     };
     auto settle = [&](float (&s)[BN / 2]) {
@@ -610,7 +674,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
           named_bar_sync(BAR_PV0, NTHREADS);
           PAIR_MARK(6);
           fence_proxy_async();
-          issue_pv_smem(sbase + OFF_P1, 1);
+          issue_pv_smem(OFF_P1, 1);
         }
         if (nxt0) issue_s(s, 0, npar ^ ph0, 0, VBW, 0);
         PAIR_MARK(7);
@@ -669,7 +733,7 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
         named_bar_sync(BAR_P0, NTHREADS);
         PAIR_MARK(4);
         fence_proxy_async();
-        issue_pv_smem(sbase + OFF_P0, 0);
+        issue_pv_smem(OFF_P0, 0);
         if (has1) named_bar_arrive(BAR_PV0, NTHREADS);
         PAIR_MARK(5);
         if (nxt1) {

@@ -23,6 +23,16 @@ __device__ __forceinline__ unsigned long long desc_sw128(unsigned addr, unsigned
            ((unsigned long long)((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
+// The descriptor of the matrix `bytes` (a multiple of 16) past the one `d` describes. The
+// start address field is bits 0-13 of the low word (address / 16) and every shared-memory
+// address is below 2^18, so a 32-bit add of bytes / 16 to the low word never carries out of
+// the field: one add per wgmma, where desc_sw128 of a runtime address is a mask, a shift and
+// an or each time (ptxas cannot move the mask across the add).
+__device__ __forceinline__ unsigned long long desc_add(unsigned long long d, unsigned bytes) {
+    const unsigned lo = (unsigned)d + (bytes >> 4), hi = (unsigned)(d >> 32);
+    return ((unsigned long long)hi << 32) | lo;
+}
+
 __device__ __forceinline__ void wg_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
