@@ -402,3 +402,39 @@ def test_workspace_that_is_not_a_view_is_a_type_error(bad):
         rig.c.node, rig.shapes())
     rig.refuses(lambda: kern.execute(rig.ins, [rig.out], bad), TypeError,
                 "workspace must be a WorkspaceView or None")
+
+
+# ----------------------------------------------------------------- the contiguous partition
+_MLA = dict(hs=576, vhs=512, bs=64, rd=64, offset=512)
+_WS_CNT = 26  # the pair kernel's ws_cnt argument: non-null runs the partition
+
+
+def test_partition_planned_for_one_sm_still_launches_the_partition():
+    """On one SM the partition has one part, so no row block is cut and no combine runs; the
+    pair kernel still needs the counts pointer that makes its one CTA walk every row block
+    (without it the CTA computes row block 0 only)."""
+    rig = Rig(np.random.default_rng(9), H=32, rope="half", q_lens=(1, 1, 2, 1),
+              past_lens=(3000, 5, 64, 700), **_MLA)
+    rig.rt.capabilities.sm_count = 1
+    cfg = PagedAttentionConfig(path="wg", balanced=True)
+    rig.run(config=cfg)
+    assert [ln.name for ln in rig.rt.launches] == ["paged_write_bf16", "paged_mla_pair_fwd"]
+    read = rig.rt.launches[1]
+    assert read.grid == (1, 1, 1)
+    assert int(read.args[_WS_CNT]) != 0
+
+
+def test_partition_plan_without_a_workspace_runs_unsplit():
+    """A partition plan whose model count is 1 (more tokens than sequences, sequences of one
+    tile) needs a workspace; given none it runs unsplit, as a split plan does, not refuse."""
+    rig = Rig(np.random.default_rng(10), H=16, q_lens=(2, 2), past_lens=(5, 20), **_MLA)
+    kern = PagedAttentionFactory(rig.rt, config=PagedAttentionConfig(path="wg")).create(
+        rig.c.node, rig.shapes())
+    req = kern.workspace_requirement([None if t is None or t.absent else t.meta
+                                      for t in rig.ins[:16]])
+    assert req.nbytes > 0  # the partition's slots
+    kern.execute(rig.ins, [rig.out], None)
+    assert kern.last_plan.splits == 1 and kern.last_plan.part_ctas == 0
+    assert [ln.name for ln in rig.rt.launches] == ["paged_write_bf16", "paged_mla_pair_fwd"]
+    read = rig.rt.launches[1]
+    assert read.grid == (kern.last_plan.grid_x, 1, 1) and int(read.args[_WS_CNT]) == 0

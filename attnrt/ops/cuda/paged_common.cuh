@@ -507,7 +507,8 @@ struct Part {
 __device__ __forceinline__ Part part_begin(const SeqArgs& sa, int B, int ovh, int lanes,
                                            int* scratch) {
   Part p;
-  const int c = blockIdx.y * gridDim.x + blockIdx.x, parts = gridDim.x * gridDim.y / lanes;
+  const int c = blockIdx.y * gridDim.x + blockIdx.x;
+  const int parts = max(gridDim.x * gridDim.y / lanes, 1u);  // the host keeps lanes <= CTAs
   p.lanes = lanes;
   p.lane = c % lanes;
   p.p = c / lanes;

@@ -236,7 +236,8 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   pa::Part part{};
   if (balanced) {
     part = pa::part_begin(seqs, B, overhead, lanes, reinterpret_cast<int*>(smem + OFF_K));
-    __syncthreads();  // the scratch (tile buffers) read
+    fence_proxy_async();  // the scratch's generic writes before the TMA copies into it
+    __syncthreads();      // the scratch (tile buffers) read
   }
   if (tid == 0) {
 #pragma unroll

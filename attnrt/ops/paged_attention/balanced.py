@@ -87,10 +87,12 @@ def partition_applies(g: PagedGeometry, path: str, config: PagedAttentionConfig,
         return False
     if not 1 < g.batch <= BALANCED_MAX_BATCH:
         return False
-    # int32 on the device: the line's positions, and the slot rows ((grid_x + CTAs) x 64).
+    # int32 on the device: the line's positions, and the slot rows ((grid_x + parts) x lanes
+    # x 64, parts x lanes <= CTAs <= 4096; partition_slots).
     tiles = -(-g.max_blocks * g.block_size // _ROWS) + 1
+    lanes = -(-g.heads // _ROWS)
     return (grid_x * (tiles + 1 + partition_overhead(config)) < _PARTITION_SPAN
-            and (grid_x + 4096) * _ROWS < _PARTITION_SPAN)
+            and (grid_x * lanes + 4096) * _ROWS < _PARTITION_SPAN)
 
 
 def partition_overhead(config: PagedAttentionConfig) -> int:
