@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
     ("lab/sass_census.py", "Count the SASS of a kernel by opcode and by loop"),
     pytest.param("lab/wg_child.py", "wgmma child test", marks=pytest.mark.slow),
     ("lab/with_l2_promotion.py", "another L2 promotion"),
+    ("lab/with_part_overhead.py", "fixed cost as another number of key tiles"),
     ("tools/plan_snapshot.py", "IndexShare's plan for a grid"),
     ("lab/sweep_attention.py", "Attention paths on the GPU"),
     ("tools/bench.py", "back-to-back calls before each timed"),
@@ -38,6 +39,20 @@ def test_tool_help(tool: str, words: str) -> None:
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert words in " ".join(r.stdout.split()), r.stdout
+
+
+def test_with_part_overhead_reaches_the_launch_and_the_guard(tmp_path: Path) -> None:
+    """lab/with_part_overhead.py N: the name the launch uses and the int32 guard's both
+    return N, the host's split model is untouched."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from attnrt.ops.paged_attention import balanced, kernel, plan\n"
+        "c = plan.PagedAttentionConfig()\n"
+        "print(kernel.partition_overhead(c), balanced.partition_overhead(c), c.wg_cost)\n")
+    r = subprocess.run([sys.executable, str(ROOT / "lab" / "with_part_overhead.py"), "5",
+                        str(probe)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("5 5 SplitCost(tile_us=2.0, prologue_us=3.0"), r.stdout
 
 
 def test_sass_census_finds_loops_not_slow_paths(capsys) -> None:
