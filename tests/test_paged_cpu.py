@@ -610,7 +610,7 @@ def test_every_variant_compiles_for_sm80_and_sm90():
             assert f".entry {e}(".encode() in r.ptx, (v.file, e)
 
 
-@pytest.mark.parametrize("extra", [{"PA_PAIR_LEAN": 1}, {"PA_PAIR_STSM": 1},
+@pytest.mark.parametrize("extra", [{"PA_PAIR_LEAN": 1}, {"PA_PAIR_STSM": 1}, {"PA_PAIR_TRIGGER": 1},
                                    {"PA_PAIR_LEAN": 1, "PA_PAIR_STSM": 1, "PA_SOFTCAP": 1}])
 def test_pair_kernel_lab_switches_compile(extra):
     """The pair kernel's lab switches still build for sm_90a with no ptxas advisory (a

@@ -61,6 +61,13 @@
 #define PA_PAIR_LEAN 0
 #endif
 
+#ifndef PA_PAIR_TRIGGER
+// Lab switch (off): let the combine, launched programmatically after this kernel, launch as
+// soon as every CTA has started (griddepcontrol.launch_dependents) instead of at this grid's
+// end; it waits (griddepcontrol.wait) for the whole grid before reading the partials.
+#define PA_PAIR_TRIGGER 0
+#endif
+
 #ifndef PA_PAIR_STSM
 // Lab switch (off): P handed to the other warpgroup with four stmatrix, not sixteen stores.
 #define PA_PAIR_STSM 0
@@ -231,6 +238,9 @@ paged_mla_pair_fwd(const elem_t* __restrict__ query, const elem_t* __restrict__ 
   // row block on the same mbarriers (pa::part_begin; overhead is a row block's fixed cost in
   // tiles). Otherwise one pair, its own: row block blockIdx.x, split blockIdx.y.
   // docs/notes/paged_attention.md#contiguous-partition
+#if PA_PAIR_TRIGGER
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
   const bool balanced = ws_cnt != nullptr;
   const pa::SeqArgs seqs{cu, past, n_tokens, H, M, BN, max_blocks * block_size, window};
   pa::Part part{};
