@@ -243,7 +243,7 @@ class PagedAttentionKernel:
         meta = host_metadata(ins[IN_ATTENTION_METADATA])
         aligned = all(t.ptr % 16 == 0 for t in (q, kc, out))
         plan = self._plan(geo, meta, aligned)
-        if workspace is None and (plan.splits > 1 or plan.part_ctas):
+        if workspace is None and plan.ws_bytes:
             plan = unsplit(plan)
         check_workspace(OP, WorkspaceRequirement(plan.ws_bytes, WS_ALIGN) if plan.ws_bytes
                         else WorkspaceRequirement.NONE, workspace)
@@ -311,8 +311,9 @@ class PagedAttentionKernel:
             return self._checked(todo)
         # The wgmma kernel uses the mma.sync variant's combine (same partials layout).
         mla = builds.mla_variant(g.dtype, p.block_n if p.path == "mla" else builds.WG_BLOCK_N)
-        # The partition on one SM has one part (no row block cut), yet its CTA walks them all.
-        split = ws is not None and (p.max_chunks > 1 or p.part_ctas > 0)
+        # Whatever needs the workspace gets it (a partition of one part cuts no row block, yet
+        # its CTA needs the counts to walk them all).
+        split = ws is not None and p.ws_bytes > 0
         ws_o, ws_lse = (ws.ptr, ws.ptr + p.ws_lse_offset) if split else (0, 0)
         ws_cnt = ws.ptr + p.ws_cnt_offset if split and p.balanced else 0  # type: ignore[union-attr]
         cc = tuple(getattr(self._caps(), "compute_capability", (0, 0)))
