@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
     pytest.param("lab/wg_child.py", "wgmma child test", marks=pytest.mark.slow),
     ("lab/with_l2_promotion.py", "another L2 promotion"),
     ("lab/with_part_overhead.py", "fixed cost as another number of key tiles"),
+    ("lab/heads_n_probe.py", "heads are the wgmma N"),
     ("tools/plan_snapshot.py", "IndexShare's plan for a grid"),
     ("lab/sweep_attention.py", "Attention paths on the GPU"),
     ("tools/bench.py", "back-to-back calls before each timed"),
@@ -182,6 +183,25 @@ def test_rc_cluster_probe_compiles() -> None:
     r = subprocess.run([sys.executable, str(ROOT / "lab" / "rc_cluster_probe.py"), "5"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "invalid choice" in r.stderr, r.stderr
+
+
+def test_heads_n_probe_compiles() -> None:
+    """The heads-as-N probe builds for sm_90a with no ptxas advisory (a serialized wgmma
+    would void its timing): 36 m64n16k16 wgmmas for S^T and 32 transposed-A ones for O^T."""
+    import warnings
+
+    from attnrt.ops import _common
+    from attnrt.runtime.compiler import compile_source
+
+    src = (ROOT / "lab" / "heads_n_probe.cu").read_text()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        c = compile_source(src, "heads_n_probe.cu", "sm_90a", [], _common.headers())
+    ptx = c.ptx if isinstance(c.ptx, str) else c.ptx.decode()
+    mma = [ln for ln in ptx.splitlines() if "wgmma.mma_async" in ln]
+    assert len(mma) == 68 and all("m64n16k16" in ln for ln in mma)
+    assert sum(ln.rstrip().endswith("1, 0;") for ln in mma) == 32  # imm-trans-a on O^T's
+    assert c.cubin.startswith(b"\x7fELF")
 
 
 def test_read_floor_kernel_compiles() -> None:
