@@ -4,7 +4,8 @@
 # the pair child test for each define list in $CHILD_SETS (the shipped build's runs in the
 # GPU tests); then a few rows per SET in interleaved rounds within AB seconds (one process
 # each, FlashMLA in it); then every GPU test within the time left.
-#   CHILD_SETS="PA_X=1" bash lab/device_scarce.sh OUTDIR TOTAL AB "ROWS" SET [SET ...]
+#   CHILD_SETS="PA_X=1" [EXTRA="cmd"] bash lab/device_scarce.sh OUTDIR TOTAL AB "ROWS" SET [SET ...]
+# EXTRA: one more command (e.g. a lab probe) after the rows, at most 120 s.
 # SET: "-" (this tree as it is), a comma-separated define list for lab/with_defines.py, or
 # tree=DIR (another checkout's rows, e.g. `git archive` of the commit before, ignored here).
 set -u
@@ -41,6 +42,10 @@ for round in 1 2 3; do
   done
 done
 echo "== rows done at $(el)s"
+if [ -n "${EXTRA:-}" ]; then
+  timeout 120 bash -c "$EXTRA" 2>&1 | tail -n 20
+  echo "== extra rc ${PIPESTATUS[0]} at $(el)s"
+fi
 LEFT=$(( TOTAL - $(el) - 10 ))
 timeout "$LEFT" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/junit-gpu.xml" \
   > "$OUT/pytest-gpu.log" 2>&1
