@@ -5,7 +5,8 @@
 # GPU tests); then a few rows per SET in interleaved rounds within AB seconds (one process
 # each, FlashMLA in it); then every GPU test within the time left.
 #   CHILD_SETS="PA_X=1" [EXTRA="cmd"] bash lab/device_scarce.sh OUTDIR TOTAL AB "ROWS" SET [SET ...]
-# EXTRA: one more command (e.g. a lab probe) after the rows, at most 120 s.
+# EXTRA: one more command (e.g. a lab probe) after the rows, at most 120 s. TESTS: pytest
+# arguments (default: every GPU test). WARM=0: no background warm (a short call).
 # SET: "-" (this tree as it is), a comma-separated define list for lab/with_defines.py, or
 # tree=DIR (another checkout's rows, e.g. `git archive` of the commit before, ignored here).
 set -u
@@ -16,7 +17,7 @@ export ATTNRT_CACHE_DIR=${ATTNRT_CACHE_DIR:-/tmp/attnrt-scarce-cache}
 export ATTNRT_FLASHMLA_DIR=${ATTNRT_FLASHMLA_DIR:-$PWD/.peers/flashmla}
 nvidia-smi --query-gpu=name,uuid,clocks.max.sm --format=csv,noheader
 python3 tools/build_ext.py > "$OUT/build_ext.log" 2>&1
-python3 -m attnrt.app.cli warm > "$OUT/warm.log" 2>&1 &
+if [ "${WARM:-1}" = 1 ]; then python3 -m attnrt.app.cli warm > "$OUT/warm.log" 2>&1 & else true & fi
 WARM=$!
 bash .peers/flashmla/build.sh --prebuilt > "$OUT/fm-build.log" 2>&1
 echo "== flashmla: $(tail -n 1 "$OUT/fm-build.log") at $(el)s"
@@ -47,8 +48,9 @@ if [ -n "${EXTRA:-}" ]; then
   echo "== extra rc ${PIPESTATUS[0]} at $(el)s"
 fi
 LEFT=$(( TOTAL - $(el) - 10 ))
+# shellcheck disable=SC2086
 timeout "$LEFT" python3 -m pytest -m gpu -q -p no:cacheprovider --junitxml="$OUT/junit-gpu.xml" \
-  > "$OUT/pytest-gpu.log" 2>&1
+  ${TESTS:-} > "$OUT/pytest-gpu.log" 2>&1
 echo "== pytest -m gpu rc $? within ${LEFT}s"; tail -n 3 "$OUT/pytest-gpu.log"
 grep -a "FAILED\|Error" "$OUT/pytest-gpu.log" | head -20
 echo "== total $(el)s"
