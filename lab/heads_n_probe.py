@@ -24,6 +24,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
 
+import _flashmla_peer  # noqa: E402
+from _paged_grid import rel_frobenius  # noqa: E402
+
 import attnrt  # noqa: E402
 from attnrt.ops import _common  # noqa: E402
 from attnrt.runtime.api import DataType  # noqa: E402
@@ -44,10 +47,6 @@ def reference(torch, q, kcache, bt, lens):
         s = (q[b].float() @ k.T) * SCALE
         out[b] = torch.softmax(s, dim=-1) @ k[:, :VHS]
     return out
-
-
-def rel(a, b):
-    return float(((a.float() - b.float()).norm() / b.float().norm()).item())
 
 
 def graph(torch, stream, fn, n=20):
@@ -71,8 +70,6 @@ def timed(torch, stream, g, n=20):
 
 def run_row(torch, rt, kernels, peer_mod, stream, B: int, L: int) -> bool:
     """Check and time one row; prints one line, returns whether ours agreed."""
-    import _flashmla_peer
-
     fwd, comb = kernels
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     gen = torch.Generator(device="cuda").manual_seed(B * 100003 + L)
@@ -103,10 +100,11 @@ def run_row(torch, rt, kernels, peer_mod, stream, B: int, L: int) -> bool:
     ours()
     torch.cuda.synchronize()
     want = reference(torch, q, kc, bt, [L] * B)
-    e_ours = rel(out, want)
+    e_ours = rel_frobenius(out.float().cpu().numpy(), want.cpu().numpy())
     e_peer = float("nan")
     if peer is not None:
-        e_peer = rel(peer(q.view(B, H * HS), kc, bt).view(B, H, VHS), want)
+        got = peer(q.view(B, H * HS), kc, bt).view(B, H, VHS)
+        e_peer = rel_frobenius(got.float().cpu().numpy(), want.cpu().numpy())
     good = math.isfinite(e_ours) and e_ours < 4 * max(e_peer if math.isfinite(e_peer) else 0, 2e-3)
     g_ours = graph(torch, stream, ours)
     g_peer = (graph(torch, stream, lambda: peer(q.view(B, H * HS), kc, bt))
@@ -140,7 +138,6 @@ def main(specs: list[str]) -> int:
             print(f"heads_n_probe: B and L must be >= 1, got {spec!r}", file=sys.stderr)
             return 2
         rows.append((B, L))
-    import _flashmla_peer
     import torch
 
     stream = torch.cuda.Stream()
